@@ -1,0 +1,28 @@
+# tape-repro: `make install` then `make test`. `make help` lists every target.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+
+.DEFAULT_GOAL := help
+
+help:  ## Show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
+
+install:  ## Create .venv and install tape-repro with pinned dependencies (CPU torch here)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c constraints.txt -r requirements.txt
+	$(PIP) install --quiet -c constraints.txt --no-deps -e .
+
+test:  ## Run the test suite (under 10 minutes on 2 cores)
+	$(BIN)/python -m pytest -q
+
+test-fast:  ## Run the tests not marked slow
+	$(BIN)/python -m pytest -q -m "not slow"
+
+clean:  ## Remove caches (never runs/ or results/)
+	rm -rf .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+.PHONY: help install test test-fast clean

@@ -1,0 +1,249 @@
+"""DecoderLM: a Llama-style pre-norm decoder (RMSNorm, SwiGLU) with a pluggable positional encoding.
+
+Parameter names do not depend on the PE: ``embed``, ``layers.{i}.attn_norm``,
+``layers.{i}.attn.{q,k,v,o}_proj``, ``layers.{i}.mlp_norm``, ``layers.{i}.mlp.{gate,up,down}_proj``,
+``norm``, ``lm_head``. A PE's own parameters live under ``layers.{i}.pe``, so a RoPE checkpoint
+loads into a TAPE model with ``strict=False`` and only TAPE's parameters are missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import tape.pe as pe_registry
+from tape.model.attention import attend, causal_mask
+from tape.model.cache import KVCache
+from tape.model.config import ModelConfig
+from tape.pe.base import LayerPE, PositionState
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 and cast back (as Llama)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=False)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SelfAttention(nn.Module):
+    """Causal self-attention with grouped-query support; the PE enters through ``pe`` hooks."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.backend = cfg.attn_backend
+        self.fuse = cfg.tape_fused
+
+    def forward(
+        self,
+        x: Tensor,  # (B, N, C)
+        pe: LayerPE,
+        state: PositionState,
+        mask: Tensor | None,
+        cache: KVCache | None,
+        layer_idx: int,
+    ) -> tuple[Tensor, Tensor | None]:
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
+        k = self.k_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, N, d)
+        v = self.v_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = pe.rotate(q, k, state)
+        extra = pe.extra_values(state)  # (B, Hkv, N, de) for TAPE, else None
+        if cache is not None:
+            k, v, extra = cache.update(layer_idx, k, v, extra)
+        out, extra_out = attend(
+            q, k, v, extra=extra, mask=mask, bias=pe.attn_bias(state),
+            alibi_slopes=pe.alibi_slopes(), backend=self.backend, fuse=self.fuse,
+        )
+        out = out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim)
+        return self.o_proj(out), extra_out
+
+
+class Block(nn.Module):
+    """attention -> x residual -> PE update with A·E -> MLP -> PE update with m -> x residual."""
+
+    def __init__(self, cfg: ModelConfig, pe: LayerPE) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = SelfAttention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.d_model, cfg.ffn_dim)
+        self.pe = pe
+
+    def forward(
+        self, x: Tensor, state: PositionState, mask: Tensor | None, cache: KVCache | None, idx: int
+    ) -> tuple[Tensor, PositionState]:
+        attn_out, extra_out = self.attn(self.attn_norm(x), self.pe, state, mask, cache, idx)
+        x = x + attn_out
+        state = self.pe.after_attention(state, extra_out)
+        m = self.mlp(self.mlp_norm(x))
+        state = self.pe.after_mlp(state, m)  # TAPE's gate reads the MLP output (tape-spec A.2.3)
+        return x + m, state
+
+
+@dataclass
+class DecoderOutput:
+    logits: Tensor  # (B, N, vocab_size)
+    past_key_values: KVCache | None = None
+
+
+class DecoderLM(nn.Module):
+    """Causal language model. ``forward(input_ids, position_ids=None, attention_mask=None,
+    past_key_values=None, use_cache=False)``; ``generate`` decodes greedily with the cache."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pe = pe_registry.build(cfg)
+        self.layers = nn.ModuleList(Block(cfg, self.pe.make_layer(i)) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        """Linear and embedding weights ~ N(0, init_std), norms at 1, then each PE's own init
+        (TAPE zeroes its post-attention map and W1, so it starts as the RoPE model)."""
+        std = self.cfg.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for block in self.layers:
+            block.pe.init_weights(std)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: Tensor,  # (B, N) int64
+        position_ids: Tensor | None = None,  # (B, N) int64, any offset
+        attention_mask: Tensor | None = None,  # (B, T_past + N), 1 = token, 0 = padding
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+    ) -> DecoderOutput:
+        b, n = input_ids.shape
+        device = input_ids.device
+        cache = past_key_values if past_key_values is not None else (
+            KVCache(self.cfg.n_layers) if use_cache else None
+        )
+        past = cache.length if cache is not None else 0
+
+        if attention_mask is not None:
+            if attention_mask.shape != (b, past + n):
+                raise ValueError(
+                    f"attention_mask has shape {tuple(attention_mask.shape)}; expected "
+                    f"(batch, cached + new tokens) = ({b}, {past + n})"
+                )
+            valid_all = attention_mask.bool()
+        else:
+            valid_all = None
+        if position_ids is None:
+            if valid_all is not None:  # left padding: count real tokens (as HF does)
+                position_ids = (valid_all.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+            else:
+                position_ids = torch.arange(past, past + n, device=device).expand(b, n)
+        position_ids = position_ids.to(device=device, dtype=torch.long)
+
+        new_valid = valid_all[:, past:] if valid_all is not None else torch.ones(
+            b, n, dtype=torch.bool, device=device
+        )
+        if cache is not None:
+            key_pos, key_valid = cache.extend_positions(position_ids, new_valid)
+        else:
+            key_pos, key_valid = position_ids, new_valid
+        padded = valid_all is not None and not bool(valid_all.all())
+        needs_mask = padded or (n > 1 and past > 0)
+        mask = causal_mask(n, key_valid if padded else None, past + n, device) if needs_mask else None
+
+        x = self.embed(input_ids)  # (B, N, C)
+        state = self.pe.make_state(position_ids, key_pos, x.dtype)
+        for idx, block in enumerate(self.layers):
+            x, state = block(x, state, mask, cache, idx)
+        logits = self.lm_head(self.norm(x))
+        return DecoderOutput(logits=logits, past_key_values=cache)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Tensor,  # (B, N) int64, left-padded if lengths differ
+        max_new_tokens: int,
+        attention_mask: Tensor | None = None,  # (B, N), 0 marks left padding
+        eos_token_id: int | None = None,
+        use_cache: bool = True,
+        return_logits: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Greedy decoding. Returns (B, N + max_new_tokens) ids; after a sequence emits
+        ``eos_token_id`` it keeps emitting it. With ``return_logits`` also the (B, new, V)
+        logits each new token was chosen from. ``use_cache=False`` recomputes the whole prefix
+        every step (a reference for tests)."""
+        was_training = self.training
+        self.eval()
+        try:
+            ids = prompt_ids
+            mask = attention_mask if attention_mask is not None else torch.ones_like(prompt_ids)
+            done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+            cache, step_input, step_logits = None, ids, []
+            for _ in range(max_new_tokens):
+                if use_cache:
+                    out = self(step_input, attention_mask=mask, past_key_values=cache, use_cache=True)
+                    cache = out.past_key_values
+                else:
+                    out = self(ids, attention_mask=mask)
+                logits = out.logits[:, -1]  # (B, V)
+                nxt = logits.argmax(-1)
+                if eos_token_id is not None:
+                    nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+                    done = done | (nxt == eos_token_id)
+                step_logits.append(logits)
+                ids = torch.cat([ids, nxt[:, None]], dim=1)
+                mask = torch.cat([mask, torch.ones_like(nxt[:, None])], dim=1)
+                step_input = nxt[:, None]
+                if eos_token_id is not None and bool(done.all()):
+                    pad = max_new_tokens - len(step_logits)
+                    ids = torch.cat([ids, ids.new_full((ids.shape[0], pad), eos_token_id)], dim=1)
+                    break
+        finally:
+            self.train(was_training)
+        if return_logits:
+            return ids, torch.stack(step_logits, dim=1)
+        return ids
+
+    # ------------------------------------------------------------------ helpers
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        params = {id(p): p for p in self.parameters()}  # tied weights counted once
+        total = sum(p.numel() for p in params.values())
+        if exclude_embeddings:
+            total -= self.embed.weight.numel()
+        return total

@@ -1,0 +1,106 @@
+"""The interface every positional encoding implements, and the state that flows through layers.
+
+A PE has two parts:
+- a model-level ``PositionalEncoding`` that turns position ids into a ``PositionState`` once per
+  forward call (RoPE tables, xPos scales, TAPE's initial E), and
+- one ``LayerPE`` module per decoder layer that owns the PE's per-layer parameters (FIRE's MLP,
+  T5's bucket table, TAPE's maps) and hooks into attention and the block.
+
+The decoder calls the same hooks for every PE; most are identity, so the decoder has no
+PE-specific branches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from tape.model.config import ModelConfig
+
+
+@dataclass
+class PositionState:
+    """What the layers need to know about positions in one forward call.
+
+    Rotary PEs keep ``rot``: per token the d/2 rotation pairs as [cos | sin] along the last
+    axis, so its width equals the head dim. For RoPE it is a fixed table; for TAPE it is the
+    contextual E stream that every layer updates.
+    """
+
+    query_pos: Tensor  # (B, N) int64 positions of the tokens in this call
+    key_pos: Tensor  # (B, T) int64 positions of every key (cached + current), T >= N
+    rot: Tensor | None = None  # (B, He or 1, N, d): [cos_0..cos_{d/2-1} | sin_0..sin_{d/2-1}]
+    q_scale: Tensor | None = None  # (B, 1, N, d/2) xPos scale for queries; keys use 1/q_scale
+
+    def with_rot(self, rot: Tensor) -> "PositionState":
+        return replace(self, rot=rot)
+
+
+class LayerPE(nn.Module):
+    """Per-layer part of a PE. The default is a no-op at every hook (NoPE)."""
+
+    def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
+        """q: (B, H, N, d), k: (B, Hkv, N, d) for the current tokens -> rotated q, k."""
+        return q, k
+
+    def attn_bias(self, state: PositionState) -> Tensor | None:
+        """Additive attention logits, (B or 1, H, N, T) float32, or None."""
+        return None
+
+    def alibi_slopes(self) -> Tensor | None:
+        """(H,) float32 slopes when the bias is ALiBi (lets flash-attn apply it in-kernel)."""
+        return None
+
+    def extra_values(self, state: PositionState) -> Tensor | None:
+        """Extra value rows for the current tokens, (B, Hkv, N, de), aggregated with the same
+        attention weights as V (TAPE's E). None for every other PE."""
+        return None
+
+    def after_attention(self, state: PositionState, extra_out: Tensor | None) -> PositionState:
+        """Update the state with A·extra, (B, H, N, de) per query head."""
+        return state
+
+    def after_mlp(self, state: PositionState, mlp_out: Tensor) -> PositionState:
+        """Update the state from the layer's MLP output m, (B, N, C)."""
+        return state
+
+    def init_weights(self, std: float) -> None:
+        """Initialise this PE's own parameters (after the model's N(0, std) pass)."""
+
+
+class PositionalEncoding(nn.Module):
+    """Model-level part of a PE: position ids -> PositionState, and a factory for layer parts."""
+
+    name: ClassVar[str] = ""
+    rotary: ClassVar[bool] = False
+    """True when the PE rotates channel pairs (needs an even head dim)."""
+    relative: ClassVar[bool] = True
+    """True when logits depend only on position differences (shift-invariant)."""
+
+    def __init__(self, cfg: "ModelConfig") -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
+        """query_pos: (B, N) int64, key_pos: (B, T) int64 -> the layer-0 PositionState."""
+        return PositionState(query_pos=query_pos, key_pos=key_pos)
+
+    def make_layer(self, layer_idx: int) -> LayerPE:
+        return LayerPE()
+
+
+def angle_dtype(device: torch.device) -> torch.dtype:
+    """Positions and angles are computed in float64 (float32 where the device has no float64)
+    and cast to the activation dtype only at the end: bf16 cannot even count past 256."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def inverse_frequencies(head_dim: int, theta: float, device: torch.device) -> Tensor:
+    """theta^(-2b/d) for b = 0..d/2-1, in high precision. Shape (d/2,)."""
+    dt = angle_dtype(device)
+    exponents = torch.arange(0, head_dim, 2, device=device, dtype=dt) / head_dim
+    return theta ** (-exponents)

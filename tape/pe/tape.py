@@ -1,0 +1,107 @@
+"""TAPE: contextualized equivariant positional encoding (Zhu et al., ICML 2025; tape-spec A.2).
+
+A second stream E rides beside the token features. Per token and (key/value) head, E holds the
+d/2 complex numbers z_b = c_b + i·s_b as [c | s] (width d, the head dim). Layer 0's E is the RoPE
+table; every layer
+  1. rotates q and k with its current E (RoPE's formula with learned, contextual cos/sin),
+  2. aggregates E with the same attention weights as V (A·E), maps it over heads and adds it,
+  3. mixes E over heads through a token-gated MLP: E += W2 · diag(SiLU(W_x m)) · W1 · E, where
+     m is the layer's MLP output.
+Every update is real-linear in E with the same coefficients for c and s and never mixes
+frequencies, so multiplying all z_b by a common phase commutes with the layer: the token
+stream is exactly invariant to a global position shift.
+
+The official code stores cos and sin at full width d with tied halves; we store each pair once
+(tape-spec F.2.7), which halves E's memory and makes A·E exactly as wide as A·V.
+With grouped-query attention E lives per key/value head; query heads rotate with their group's E.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tape.model.config import ModelConfig
+from tape.pe import register
+from tape.pe.base import LayerPE, PositionalEncoding, PositionState
+from tape.pe.rope import rope_table, rotate
+
+
+class TAPELayer(LayerPE):
+    """TAPE's per-layer maps. Parameter names: post_attn (the map after A·E), x_proj (gate W_x,
+    C -> I), w1 (heads -> I), w2 (I -> heads)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        heads, e_heads = cfg.n_heads, cfg.kv_heads
+        self.groups = heads // e_heads
+        self.post_mode = cfg.tape_post_attn
+        self.zero_init = cfg.tape_zero_init
+        self.post_attn: nn.Linear | None = None
+        if cfg.tape_attn_update:
+            # mix: (He x H) maps the H query-head aggregates onto the He E heads.
+            # rowsum: (H x H) of which only the row sums act (the official einsum).
+            out_features = e_heads if self.post_mode == "mix" else heads
+            self.post_attn = nn.Linear(heads, out_features, bias=False)
+        self.x_proj: nn.Linear | None = None
+        if cfg.tape_mlp_update:
+            self.x_proj = nn.Linear(cfg.d_model, cfg.tape_width, bias=False)
+            self.w1 = nn.Linear(e_heads, cfg.tape_width, bias=False)
+            self.w2 = nn.Linear(cfg.tape_width, e_heads, bias=False)
+
+    # ---------------------------------------------------------------- hooks
+    def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
+        rot = state.rot  # (B, He, N, d)
+        rot_q = rot.repeat_interleave(self.groups, dim=1) if self.groups > 1 else rot
+        return rotate(q, rot_q), rotate(k, rot)
+
+    def extra_values(self, state: PositionState) -> Tensor | None:
+        return state.rot if self.post_attn is not None else None
+
+    def after_attention(self, state: PositionState, extra_out: Tensor | None) -> PositionState:
+        if self.post_attn is None or extra_out is None:
+            return state
+        weight = self.post_attn.weight.to(extra_out.dtype)
+        if self.post_mode == "mix":
+            delta = torch.einsum("gh,bhnd->bgnd", weight, extra_out)  # (B, He, N, d)
+        else:
+            scaled = extra_out * weight.sum(-1)[:, None, None]  # head h times sum_e W[h, e]
+            b, _, n, d = scaled.shape
+            delta = scaled.view(b, -1, self.groups, n, d).sum(2)  # (B, He, N, d)
+        return state.with_rot(state.rot + delta)
+
+    def after_mlp(self, state: PositionState, mlp_out: Tensor) -> PositionState:
+        if self.x_proj is None:
+            return state
+        gate = F.silu(self.x_proj(mlp_out))  # (B, N, I)
+        e = state.rot.permute(0, 2, 3, 1)  # (B, N, d, He)
+        u = self.w1(e) * gate[:, :, None, :]  # (B, N, d, I): gate per (token, channel i)
+        delta = self.w2(u).permute(0, 3, 1, 2)  # (B, He, N, d)
+        return state.with_rot(state.rot + delta)
+
+    def init_weights(self, std: float) -> None:
+        """Zero the post-attention map and W1 (or W2): at init E stays the RoPE table."""
+        with torch.no_grad():
+            if self.post_attn is not None:
+                self.post_attn.weight.zero_()
+            if self.x_proj is not None:
+                (self.w1 if self.zero_init == "w1" else self.w2).weight.zero_()
+
+
+@register("tape")
+class TAPE(PositionalEncoding):
+    """Options (ModelConfig): tape_position_size, tape_post_attn, tape_zero_init,
+    tape_attn_update, tape_mlp_update, tape_fused; rope_theta and rope_scaling for E at layer 0."""
+
+    rotary = True
+
+    def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
+        cfg = self.cfg
+        table = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype)
+        b, _, n, d = table.shape
+        rot = table.expand(b, cfg.kv_heads, n, d)  # (B, He, N, d): one E per key/value head
+        return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
+
+    def make_layer(self, layer_idx: int) -> LayerPE:
+        return TAPELayer(self.cfg)
