@@ -54,7 +54,8 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
 def _eager(q, k, values, mask, bias, is_causal, scale):
     groups = q.shape[1] // k.shape[1]
     k = _repeat_kv(k, groups)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, H, Nq, Nk)
+    acc = torch.promote_types(q.dtype, torch.float32)  # softmax in >= float32
+    scores = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) * scale  # (B, H, Nq, Nk)
     if bias is not None:
         scores = scores + bias
     if is_causal:

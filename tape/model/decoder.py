@@ -22,7 +22,7 @@ from tape.pe.base import LayerPE, PositionState
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in float32 and cast back (as Llama)."""
+    """Root-mean-square norm, computed in at least float32 and cast back (as Llama)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -30,7 +30,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 

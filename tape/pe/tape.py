@@ -30,22 +30,27 @@ from tape.pe.rope import rope_table, rotate
 
 class TAPELayer(LayerPE):
     """TAPE's per-layer maps. Parameter names: post_attn (the map after A·E), x_proj (gate W_x,
-    C -> I), w1 (heads -> I), w2 (I -> heads)."""
+    C -> I), w1 (heads -> I), w2 (I -> heads).
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    The last layer's updated E is never read, so that layer rotates q and k with its E but has
+    no update maps: no dead parameters (DDP rejects parameters without gradients) and no wasted
+    A·E. The official code keeps them, which is why its count is 38,160 higher at 155M.
+    """
+
+    def __init__(self, cfg: ModelConfig, updates_e: bool = True) -> None:
         super().__init__()
         heads, e_heads = cfg.n_heads, cfg.kv_heads
         self.groups = heads // e_heads
         self.post_mode = cfg.tape_post_attn
         self.zero_init = cfg.tape_zero_init
         self.post_attn: nn.Linear | None = None
-        if cfg.tape_attn_update:
+        if cfg.tape_attn_update and updates_e:
             # mix: (He x H) maps the H query-head aggregates onto the He E heads.
             # rowsum: (H x H) of which only the row sums act (the official einsum).
             out_features = e_heads if self.post_mode == "mix" else heads
             self.post_attn = nn.Linear(heads, out_features, bias=False)
         self.x_proj: nn.Linear | None = None
-        if cfg.tape_mlp_update:
+        if cfg.tape_mlp_update and updates_e:
             self.x_proj = nn.Linear(cfg.d_model, cfg.tape_width, bias=False)
             self.w1 = nn.Linear(e_heads, cfg.tape_width, bias=False)
             self.w2 = nn.Linear(cfg.tape_width, e_heads, bias=False)
@@ -104,4 +109,4 @@ class TAPE(PositionalEncoding):
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
 
     def make_layer(self, layer_idx: int) -> LayerPE:
-        return TAPELayer(self.cfg)
+        return TAPELayer(self.cfg, updates_e=layer_idx < self.cfg.n_layers - 1)

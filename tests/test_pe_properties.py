@@ -1,0 +1,132 @@
+"""Properties every positional encoding must have, checked on tiny random models:
+causality, finite gradients, KV-cache parity, bf16, left-padding parity, shift invariance
+(for the relative encodings) and checkpoint compatibility with RoPE."""
+
+import pytest
+import torch
+
+from model_helpers import ALL_PES, SHIFT_INVARIANT_PES, tiny_config, tiny_model
+from tape.model import DecoderLM
+
+SHAPES = [dict(), dict(n_kv_heads=2), dict(n_kv_heads=1, n_layers=3)]
+SHAPE_IDS = ["mha", "gqa2", "mqa-3layers"]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("pe", ALL_PES)
+def test_causality(pe, shape):
+    model = tiny_model(pe, dtype=torch.float64, **shape)
+    ids = torch.randint(0, 37, (2, 13), generator=torch.Generator().manual_seed(1))
+    changed = ids.clone()
+    changed[:, 8:] = (changed[:, 8:] + 5) % 37
+    a, b = model(ids).logits, model(changed).logits
+    assert torch.allclose(a[:, :8], b[:, :8], atol=1e-12, rtol=0)
+    assert (a[:, 8:] - b[:, 8:]).abs().max() > 1e-3  # later logits do see the change
+
+
+@pytest.mark.parametrize("pe", ALL_PES)
+def test_finite_gradients_reach_every_parameter(pe):
+    model = tiny_model(pe, n_kv_heads=2).train()
+    ids = torch.randint(0, 37, (3, 16))
+    logits = model(ids).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 37), ids[:, 1:].reshape(-1))
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient"
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=SHAPE_IDS[:2])
+@pytest.mark.parametrize("pe", ALL_PES)
+def test_cached_generation_matches_recomputation(pe, shape):
+    model = tiny_model(pe, **shape)
+    prompt = torch.randint(0, 37, (2, 7), generator=torch.Generator().manual_seed(2))
+    ids_c, logits_c = model.generate(prompt, max_new_tokens=9, return_logits=True)
+    ids_f, logits_f = model.generate(prompt, max_new_tokens=9, use_cache=False, return_logits=True)
+    assert torch.equal(ids_c, ids_f)
+    assert torch.allclose(logits_c, logits_f, atol=1e-5, rtol=1e-4)
+    # and the cached step logits equal one full forward over the generated sequence
+    full = model(ids_c[:, :-1]).logits[:, prompt.shape[1] - 1 :]
+    assert torch.allclose(logits_c, full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pe", ALL_PES)
+def test_chunked_prefill_with_cache(pe):
+    """Feeding a sequence in chunks through the cache equals one full forward."""
+    model = tiny_model(pe, dtype=torch.float64, n_kv_heads=2)
+    ids = torch.randint(0, 37, (2, 15), generator=torch.Generator().manual_seed(3))
+    full = model(ids).logits
+    out = model(ids[:, :6], use_cache=True)
+    mid = model(ids[:, 6:11], past_key_values=out.past_key_values, use_cache=True)
+    last = model(ids[:, 11:], past_key_values=mid.past_key_values, use_cache=True)
+    chunked = torch.cat([out.logits, mid.logits, last.logits], dim=1)
+    assert torch.allclose(full, chunked, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("pe", ALL_PES)
+def test_bf16_forward(pe):
+    model = tiny_model(pe, dtype=torch.bfloat16)
+    logits = model(torch.randint(0, 37, (2, 20))).logits
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
+    ref = tiny_model(pe, dtype=torch.float32)(torch.randint(0, 37, (2, 20))).logits
+    assert ref.shape == logits.shape
+
+
+@pytest.mark.parametrize("pe", ALL_PES)
+def test_left_padding_parity(pe):
+    """Each sequence of a left-padded batch gives the logits and generations of its own run."""
+    model = tiny_model(pe, dtype=torch.float64, n_kv_heads=2)
+    gen = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(1, 37, (n,), generator=gen) for n in (9, 5, 7)]
+    width = max(len(s) for s in seqs)
+    batch = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        batch[i, width - len(s):] = s
+        mask[i, width - len(s):] = 1
+    padded = model(batch, attention_mask=mask).logits
+    generated = model.generate(batch, max_new_tokens=5, attention_mask=mask)
+    for i, s in enumerate(seqs):
+        alone = model(s[None]).logits[0]
+        assert torch.allclose(padded[i, width - len(s):], alone, atol=1e-10, rtol=0)
+        alone_gen = model.generate(s[None], max_new_tokens=5)[0, len(s):]
+        assert torch.equal(generated[i, width:], alone_gen)
+
+
+@pytest.mark.parametrize("pe", SHIFT_INVARIANT_PES)
+def test_relative_encodings_are_shift_invariant(pe):
+    model = tiny_model(pe, dtype=torch.float64)
+    ids = torch.randint(0, 37, (2, 12), generator=torch.Generator().manual_seed(5))
+    pos = torch.arange(12).expand(2, 12)
+    base = model(ids, position_ids=pos).logits
+    for offset in (1, 37, 1000):
+        shifted = model(ids, position_ids=pos + offset).logits
+        assert (base - shifted).abs().max() < 1e-9, offset
+    if pe != "nope":  # positions matter: stretching them changes the output
+        assert (base - model(ids, position_ids=pos * 3).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("pe", ALL_PES)
+def test_rope_checkpoint_loads_with_only_pe_parameters_missing(pe):
+    rope = DecoderLM(tiny_config("rope"))
+    other = DecoderLM(tiny_config(pe))
+    missing, unexpected = other.load_state_dict(rope.state_dict(), strict=False)
+    assert unexpected == []
+    assert all(".pe." in key for key in missing), missing
+    own = {k for k in other.state_dict() if ".pe." in k}
+    assert set(missing) == own
+
+
+def test_randpe_positions_random_in_training_contiguous_in_eval():
+    model = tiny_model("randpe", randpe_max_position=200)
+    ids = torch.randint(0, 37, (4, 16))
+    pos = torch.arange(16).expand(4, 16)
+    model.train()
+    state = model.pe.make_state(pos, pos, torch.float32)
+    p = state.query_pos
+    assert p.shape == (4, 16) and (p.diff(dim=-1) > 0).all() and (p >= 0).all() and (p < 200).all()
+    assert not torch.equal(p[0], p[1]) or not torch.equal(p[0], torch.arange(16))
+    model.eval()
+    assert torch.equal(model.pe.make_state(pos, pos, torch.float32).query_pos, pos)
+    assert torch.equal(model(ids).logits, model(ids).logits)  # deterministic at evaluation

@@ -1,0 +1,241 @@
+"""TAPE's defining properties: RoPE at initialisation, exact invariance to position shifts,
+equivariance of one layer to a common phase rotation of E and to token permutations, and
+agreement with a full-width reference written from the equations of tape-spec A.2.3."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from model_helpers import randomize, tiny_config, tiny_model
+from tape.model import DecoderLM
+from tape.pe.base import PositionState
+
+FAST = settings(max_examples=12, deadline=None)
+
+
+# ----------------------------------------------------------------------------- identity at init
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(n_kv_heads=2),
+        dict(n_kv_heads=1, n_layers=3),
+        dict(tape_zero_init="w2"),
+        dict(tape_post_attn="rowsum", n_layers=3),
+        dict(rope_theta=500.0, rope_scaling=2.0),
+    ],
+    ids=["mha", "gqa", "mqa", "zero-w2", "rowsum", "theta-pi"],
+)
+def test_tape_at_init_equals_rope(overrides):
+    torch.manual_seed(0)
+    rope = randomize(DecoderLM(tiny_config("rope", **overrides)))
+    tape_model = DecoderLM(tiny_config("tape", **overrides))  # TAPE's own init: zeros where needed
+    missing, _ = tape_model.load_state_dict(rope.state_dict(), strict=False)
+    assert missing and all(".pe." in k for k in missing)
+    ids = torch.randint(0, 37, (3, 24))
+    pos = torch.arange(24).expand(3, 24) + 11
+    diff = (rope(ids, position_ids=pos).logits - tape_model(ids, position_ids=pos).logits).abs().max()
+    assert diff <= 1e-5
+
+
+# ----------------------------------------------------------------------------- shift invariance
+@FAST
+@given(
+    offset=st.integers(0, 10_000),
+    n=st.integers(2, 20),
+    kv=st.sampled_from([None, 2, 1]),
+    post=st.sampled_from(["mix", "rowsum"]),
+    seed=st.integers(0, 2**16),
+)
+def test_tape_logits_invariant_to_position_shift(offset, n, kv, post, seed):
+    model = tiny_model("tape", dtype=torch.float64, seed=seed, n_layers=3, n_kv_heads=kv,
+                       tape_post_attn=post)
+    ids = torch.randint(0, 37, (2, n), generator=torch.Generator().manual_seed(seed))
+    pos = torch.arange(n).expand(2, n)
+    a = model(ids, position_ids=pos).logits
+    b = model(ids, position_ids=pos + offset).logits
+    assert (a - b).abs().max() <= 1e-9
+
+
+def test_tape_weights_are_active():
+    """Random TAPE weights change the logits (so the invariance test is not vacuous)."""
+    model = tiny_model("tape", dtype=torch.float64, n_layers=3)
+    rope = tiny_model("tape", dtype=torch.float64, n_layers=3)
+    with torch.no_grad():
+        for name, p in rope.named_parameters():
+            if ".pe." in name:
+                p.zero_()
+    ids = torch.randint(0, 37, (2, 12))
+    assert (model(ids).logits - rope(ids).logits).abs().max() > 1e-3
+
+
+# ----------------------------------------------------------------------------- layer symmetries
+def _middle_block(kv, post, dtype=torch.float64, seed=0):
+    model = tiny_model("tape", dtype=dtype, seed=seed, n_layers=2, n_kv_heads=kv, tape_post_attn=post)
+    return model, model.layers[0]  # layer 0 updates E (the last layer does not)
+
+
+def _phase_rotate(e: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+    """Multiply every z_b = c_b + i s_b by exp(i phase_b)."""
+    c, s = e.chunk(2, dim=-1)
+    cp, sp = phase.cos(), phase.sin()
+    return torch.cat([c * cp - s * sp, c * sp + s * cp], dim=-1)
+
+
+@FAST
+@given(kv=st.sampled_from([None, 2, 1]), post=st.sampled_from(["mix", "rowsum"]), n=st.integers(1, 12),
+       seed=st.integers(0, 2**16))
+def test_layer_equivariant_to_common_phase_rotation(kv, post, n, seed):
+    model, block = _middle_block(kv, post, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    he, d = model.cfg.kv_heads, model.cfg.head_dim
+    x = torch.randn(2, n, model.cfg.d_model, generator=gen, dtype=torch.float64)
+    e = torch.randn(2, he, n, d, generator=gen, dtype=torch.float64)  # arbitrary E, not a RoPE table
+    phase = torch.rand(d // 2, generator=gen, dtype=torch.float64) * 2 * math.pi
+    pos = torch.arange(n).expand(2, n)
+    x1, s1 = block(x, PositionState(pos, pos, rot=e), None, None, 0)
+    x2, s2 = block(x, PositionState(pos, pos, rot=_phase_rotate(e, phase)), None, None, 0)
+    assert torch.allclose(x1, x2, atol=1e-10, rtol=0)
+    assert torch.allclose(_phase_rotate(s1.rot, phase), s2.rot, atol=1e-10, rtol=0)
+    assert (s1.rot - e).abs().max() > 1e-4  # the layer did update E
+
+
+@FAST
+@given(kv=st.sampled_from([None, 2]), post=st.sampled_from(["mix", "rowsum"]), n=st.integers(2, 12),
+       seed=st.integers(0, 2**16))
+def test_layer_permutation_equivariant_without_causal_mask(kv, post, n, seed):
+    model, block = _middle_block(kv, post, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, n, model.cfg.d_model, generator=gen, dtype=torch.float64)
+    e = torch.randn(2, model.cfg.kv_heads, n, model.cfg.head_dim, generator=gen, dtype=torch.float64)
+    perm = torch.randperm(n, generator=gen)
+    pos = torch.arange(n).expand(2, n)
+    full = torch.ones(1, 1, n, n, dtype=torch.bool)  # an explicit all-True mask: no causality
+    x1, s1 = block(x, PositionState(pos, pos, rot=e), full, None, 0)
+    x2, s2 = block(x[:, perm], PositionState(pos, pos, rot=e[:, :, perm]), full, None, 0)
+    assert torch.allclose(x1[:, perm], x2, atol=1e-10, rtol=0)
+    assert torch.allclose(s1.rot[:, :, perm], s2.rot, atol=1e-10, rtol=0)
+
+
+# ----------------------------------------------------------------------------- fused == unfused
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kv", [None, 2])
+def test_fused_equals_unfused_on_every_backend(dtype, kv):
+    ids = torch.randint(0, 37, (2, 17), generator=torch.Generator().manual_seed(7))
+    results = {}
+    for backend in ("eager", "sdpa"):
+        for fused in (True, False):
+            model = tiny_model("tape", dtype=dtype, n_layers=3, n_kv_heads=kv,
+                               attn_backend=backend, tape_fused=fused).train()
+            logits = model(ids).logits
+            logits.square().mean().backward()
+            grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+            results[backend, fused] = (logits.detach(), grads)
+    tol = 1e-12 if dtype == torch.float64 else 2e-5
+    ref_logits, ref_grads = results["eager", True]
+    for key, (logits, grads) in results.items():
+        assert torch.allclose(logits, ref_logits, atol=tol, rtol=tol), key
+        assert torch.allclose(grads, ref_grads, atol=tol, rtol=1e-3 if dtype == torch.float32 else tol), key
+
+
+# ----------------------------------------------------------------------------- full-width reference
+def _rms(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate_half(x):
+    d = x.shape[-1] // 2
+    return torch.cat([-x[..., d:], x[..., :d]], dim=-1)
+
+
+def reference_tape_logits(model: DecoderLM, ids: torch.Tensor, post: str) -> torch.Tensor:
+    """TAPE as the official code writes it (tape-spec A.2.3): cos and sin each at full head
+    width d with duplicated halves, updated by A·cos, A·sin, the post-attention map and the
+    PE-MLP. Written from the equations, independently of tape.pe.tape."""
+    cfg = model.cfg
+    b, n = ids.shape
+    h, d = cfg.n_heads, cfg.head_dim
+    x = model.embed.weight[ids]
+    inv = cfg.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv  # (N, d/2)
+    emb = torch.cat([ang, ang], dim=-1)  # duplicated halves
+    cos = emb.cos().expand(b, h, n, d).clone()
+    sin = emb.sin().expand(b, h, n, d).clone()
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    for block in model.layers:
+        at, mlp, pe = block.attn, block.mlp, block.pe
+        hh = _rms(x, block.attn_norm.weight, cfg.norm_eps)
+        q = (hh @ at.q_proj.weight.T).view(b, n, h, d).transpose(1, 2)
+        k = (hh @ at.k_proj.weight.T).view(b, n, h, d).transpose(1, 2)
+        v = (hh @ at.v_proj.weight.T).view(b, n, h, d).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+        a = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        x = x + ((a @ v).transpose(1, 2).reshape(b, n, h * d)) @ at.o_proj.weight.T
+        if pe.post_attn is not None:
+            wpost = pe.post_attn.weight
+            cos_a, sin_a = a @ cos, a @ sin
+            if post == "rowsum":  # the official einsum('bqnd,qe->bqnd'): e is summed away
+                cos = cos + torch.einsum("bqnd,qe->bqnd", cos_a, wpost)
+                sin = sin + torch.einsum("bqnd,qe->bqnd", sin_a, wpost)
+            else:
+                cos = cos + torch.einsum("bhnd,gh->bgnd", cos_a, wpost)
+                sin = sin + torch.einsum("bhnd,gh->bgnd", sin_a, wpost)
+        hm = _rms(x, block.mlp_norm.weight, cfg.norm_eps)
+        m = (torch.nn.functional.silu(hm @ mlp.gate_proj.weight.T) * (hm @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+        if pe.x_proj is not None:
+            g = torch.nn.functional.silu(m @ pe.x_proj.weight.T)  # (B, N, I)
+            gate = g.transpose(1, 2)[..., None]  # (B, I, N, 1)
+            new = []
+            for t in (cos, sin):
+                u = torch.einsum("ih,bhnd->bind", pe.w1.weight, t) * gate
+                new.append(t + torch.einsum("hi,bind->bhnd", pe.w2.weight, u))
+            cos, sin = new
+        x = x + m
+        assert torch.equal(cos[..., : d // 2], cos[..., d // 2 :])  # the halves stay tied
+    return _rms(x, model.norm.weight, cfg.norm_eps) @ model.lm_head.weight.T
+
+
+@pytest.mark.parametrize("post", ["mix", "rowsum"])
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_half_width_storage_equals_full_width_reference(post, n_layers):
+    model = tiny_model("tape", dtype=torch.float64, n_layers=n_layers, tape_post_attn=post)
+    ids = torch.randint(0, 37, (2, 14), generator=torch.Generator().manual_seed(8))
+    ours = model(ids).logits
+    ref = reference_tape_logits(model, ids, post)
+    assert torch.allclose(ours, ref, atol=1e-10, rtol=0)
+
+
+# ----------------------------------------------------------------------------- switches and cache
+def test_ablation_switches_remove_their_parameters():
+    both = DecoderLM(tiny_config("tape", n_layers=3))
+    names = {n for n, _ in both.named_parameters() if ".pe." in n}
+    assert {"layers.0.pe.post_attn.weight", "layers.0.pe.x_proj.weight", "layers.1.pe.w1.weight"} <= names
+    assert not any(n.startswith("layers.2.") for n in names)  # the last layer's E is never read
+    no_attn = DecoderLM(tiny_config("tape", n_layers=3, tape_attn_update=False))
+    assert not any("post_attn" in n for n, _ in no_attn.named_parameters())
+    no_mlp = DecoderLM(tiny_config("tape", n_layers=3, tape_mlp_update=False))
+    assert not any(k in n for n, _ in no_mlp.named_parameters() for k in ("x_proj", "w1", "w2"))
+
+
+def test_both_updates_off_is_rope_even_with_random_weights():
+    neither = tiny_model("tape", tape_attn_update=False, tape_mlp_update=False)
+    rope = DecoderLM(tiny_config("rope"))
+    rope.load_state_dict(neither.state_dict())
+    ids = torch.randint(0, 37, (2, 10))
+    assert torch.allclose(neither(ids).logits, rope.eval()(ids).logits, atol=1e-6)
+
+
+def test_cache_keeps_each_layers_e_rows():
+    model = tiny_model("tape", n_layers=3, n_kv_heads=2)
+    out = model(torch.randint(0, 37, (2, 6)), use_cache=True)
+    step = model(torch.randint(0, 37, (2, 1)), past_key_values=out.past_key_values, use_cache=True)
+    cache = step.past_key_values
+    assert cache.length == 7
+    for layer in cache.layers[:-1]:
+        assert layer.extra.shape == (2, 2, 7, model.cfg.head_dim)  # (B, Hkv, T, d)
+    assert cache.layers[-1].extra is None  # the last layer does not aggregate E
