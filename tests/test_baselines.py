@@ -1,0 +1,80 @@
+"""The baseline encodings' formulas, pinned with hand-worked values (tape-spec D.4)."""
+
+import math
+
+import torch
+
+from model_helpers import tiny_model
+from tape.pe.alibi import alibi_slopes
+from tape.pe.base import PositionState
+from tape.pe.rope import rope_table, rotate
+from tape.pe.t5 import causal_bucket
+from tape.pe.xpos import xpos_scale
+
+
+def test_alibi_slopes_for_powers_of_two_and_twelve_heads():
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    twelve = [2.0 ** -(i + 1) for i in range(8)] + [2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]
+    assert torch.allclose(alibi_slopes(12), torch.tensor(twelve))
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+    model = tiny_model("alibi")
+    pos = torch.arange(5)[None]
+    bias = model.layers[0].pe.attn_bias(PositionState(pos, pos))
+    slopes = alibi_slopes(4)
+    assert bias.shape == (1, 4, 5, 5)
+    assert torch.isclose(bias[0, 2, 4, 1], -slopes[2] * 3)
+    assert torch.all(bias[0, :, torch.arange(5), torch.arange(5)] == 0)
+
+
+def test_t5_buckets_exact_then_log_spaced_then_clamped():
+    d = torch.arange(0, 400)
+    b = causal_bucket(d, 64, 128)
+    assert b[:32].tolist() == list(range(32))
+    assert (b.diff() >= 0).all() and b.max() == 63
+    assert b[100] == 58 and b[128] == 63 and b[399] == 63  # 32 + floor(log(100/32)/log(4)*32)
+    assert causal_bucket(torch.tensor([-5]), 64, 128).item() == 0  # future keys: bucket 0 (masked anyway)
+    # a log-spaced bucket by hand: 32 + floor(log(64/32)/log(128/32) * 32) = 48
+    assert causal_bucket(torch.tensor([64]), 64, 128).item() == 48
+
+
+def test_fire_bias_matches_its_formula():
+    model = tiny_model("fire", fire_init_L=4.0)
+    layer = model.layers[0].pe
+    pos = torch.arange(8)[None]
+    bias = layer.attn_bias(PositionState(pos, pos))  # (1, H, 8, 8)
+    c = layer.c.item()
+    psi = lambda x: math.log(abs(c * x) + 1)  # noqa: E731
+    i, j = 6, 2
+    L = abs(layer.L_mult.item() * 4.0)
+    x = torch.tensor([[psi(i - j) / psi(max(i, L))]])
+    expected = layer.mlp(x)[0]
+    assert torch.allclose(bias[0, :, i, j], expected, atol=1e-6)
+
+
+def test_rope_is_complex_multiplication_by_unit_phase():
+    d = 8
+    pos = torch.tensor([[0, 3, 1000]])
+    table = rope_table(pos, d, 10000.0, 1.0, torch.float64)  # (1, 1, 3, d)
+    x = torch.randn(1, 1, 3, d, dtype=torch.float64)
+    out = rotate(x, table)
+    z = torch.complex(x[..., : d // 2], x[..., d // 2 :])
+    freqs = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    phase = torch.polar(torch.ones(3, d // 2, dtype=torch.float64), pos[0, :, None] * freqs)
+    expected = z * phase
+    assert torch.allclose(out, torch.cat([expected.real, expected.imag], -1), atol=1e-12)
+
+
+def test_rope_positions_and_angles_stay_exact_under_bf16():
+    """The table is built in float64 and cast: consecutive positions above 256 stay distinct."""
+    pos = torch.arange(2048, 2064)[None]
+    table = rope_table(pos, 64, 10000.0, 1.0, torch.bfloat16)
+    assert len({tuple(row.tolist()) for row in table[0, 0, :, :4]}) == 16
+
+
+def test_xpos_decay_depends_on_distance_only():
+    s = xpos_scale(torch.tensor([[10, 40, 1010, 1040]]), 8, 2048.0, 512, torch.float64)[0, 0]
+    assert torch.allclose(s[1] / s[0], s[3] / s[2])  # same distance, same relative scale
+    zeta = (torch.arange(0, 8, 2, dtype=torch.float64) + 3.2) / 11.2
+    assert torch.allclose(s[1] / s[0], zeta ** (30 / 2048))
