@@ -18,6 +18,7 @@ import tape.pe as pe_registry
 from tape.model.attention import attend, causal_mask
 from tape.model.cache import KVCache
 from tape.model.config import ModelConfig
+from tape.model.generate import greedy_generate
 from tape.pe.base import LayerPE, PositionState
 
 
@@ -68,20 +69,41 @@ class SelfAttention(nn.Module):
         cache: KVCache | None,
         layer_idx: int,
     ) -> tuple[Tensor, Tensor | None]:
-        b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, N, d)
-        k = self.k_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, N, d)
-        v = self.v_proj(x).view(b, n, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = pe.rotate(q, k, state)
-        extra = pe.extra_values(state)  # (B, Hkv, N, de) for TAPE, else None
-        if cache is not None:
-            k, v, extra = cache.update(layer_idx, k, v, extra)
-        out, extra_out = attend(
-            q, k, v, extra=extra, mask=mask, bias=pe.attn_bias(state),
-            alibi_slopes=pe.alibi_slopes(), backend=self.backend, fuse=self.fuse,
+        return attention_forward(
+            self, x, pe, state, mask, cache, layer_idx,
+            heads=(self.n_heads, self.n_kv_heads, self.head_dim), backend=self.backend, fuse=self.fuse,
         )
-        out = out.transpose(1, 2).reshape(b, n, self.n_heads * self.head_dim)
-        return self.o_proj(out), extra_out
+
+
+def attention_forward(
+    attn: nn.Module,
+    x: Tensor,  # (B, N, C)
+    pe: LayerPE,
+    state: PositionState,
+    mask: Tensor | None,
+    cache: KVCache | None,
+    layer_idx: int,
+    heads: tuple[int, int, int],
+    backend: str = "auto",
+    fuse: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Self-attention through the PE hooks for any module with q/k/v/o_proj (ours or HF Llama's).
+    heads = (n_heads, n_kv_heads, head_dim). Returns (output (B, N, C), A·extra or None)."""
+    n_heads, n_kv_heads, head_dim = heads
+    b, n, _ = x.shape
+    q = attn.q_proj(x).view(b, n, n_heads, head_dim).transpose(1, 2)  # (B, H, N, d)
+    k = attn.k_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, N, d)
+    v = attn.v_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)
+    q, k = pe.rotate(q, k, state)
+    extra = pe.extra_values(state)  # (B, Hkv, N, de) for TAPE, else None
+    if cache is not None:
+        k, v, extra = cache.update(layer_idx, k, v, extra)
+    out, extra_out = attend(
+        q, k, v, extra=extra, mask=mask, bias=pe.attn_bias(state),
+        alibi_slopes=pe.alibi_slopes(), backend=backend, fuse=fuse,
+    )
+    out = out.transpose(1, 2).reshape(b, n, n_heads * head_dim)
+    return attn.o_proj(out), extra_out
 
 
 class Block(nn.Module):
@@ -104,6 +126,44 @@ class Block(nn.Module):
         m = self.mlp(self.mlp_norm(x))
         state = self.pe.after_mlp(state, m)  # TAPE's gate reads the MLP output (tape-spec A.2.3)
         return x + m, state
+
+
+def prepare_positions(
+    input_ids: Tensor,  # (B, N)
+    position_ids: Tensor | None,
+    attention_mask: Tensor | None,  # (B, T_past + N), 1 = token, 0 = padding
+    cache: KVCache | None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Positions of this call's tokens (B, N), of every key (B, T), and the attention mask
+    (None when plain causal attention is right). Extends the cache's position record."""
+    b, n = input_ids.shape
+    device = input_ids.device
+    past = cache.length if cache is not None else 0
+    valid_all = None
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != (b, past + n):
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}; expected "
+                f"(batch, cached + new tokens) = ({b}, {past + n})"
+            )
+        valid_all = attention_mask.to(device).bool()
+    if position_ids is None:
+        if valid_all is not None:  # left padding: count real tokens (as HF does)
+            position_ids = (valid_all.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+        else:
+            position_ids = torch.arange(past, past + n, device=device).expand(b, n)
+    position_ids = position_ids.to(device=device, dtype=torch.long)
+    new_valid = valid_all[:, past:] if valid_all is not None else torch.ones(
+        b, n, dtype=torch.bool, device=device
+    )
+    if cache is not None:
+        key_pos, key_valid = cache.extend_positions(position_ids, new_valid)
+    else:
+        key_pos, key_valid = position_ids, new_valid
+    padded = valid_all is not None and not bool(valid_all.all())
+    needs_mask = padded or (n > 1 and past > 0)
+    mask = causal_mask(n, key_valid if padded else None, past + n, device) if needs_mask else None
+    return position_ids, key_pos, mask
 
 
 @dataclass
@@ -152,40 +212,10 @@ class DecoderLM(nn.Module):
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
     ) -> DecoderOutput:
-        b, n = input_ids.shape
-        device = input_ids.device
         cache = past_key_values if past_key_values is not None else (
             KVCache(self.cfg.n_layers) if use_cache else None
         )
-        past = cache.length if cache is not None else 0
-
-        if attention_mask is not None:
-            if attention_mask.shape != (b, past + n):
-                raise ValueError(
-                    f"attention_mask has shape {tuple(attention_mask.shape)}; expected "
-                    f"(batch, cached + new tokens) = ({b}, {past + n})"
-                )
-            valid_all = attention_mask.bool()
-        else:
-            valid_all = None
-        if position_ids is None:
-            if valid_all is not None:  # left padding: count real tokens (as HF does)
-                position_ids = (valid_all.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
-            else:
-                position_ids = torch.arange(past, past + n, device=device).expand(b, n)
-        position_ids = position_ids.to(device=device, dtype=torch.long)
-
-        new_valid = valid_all[:, past:] if valid_all is not None else torch.ones(
-            b, n, dtype=torch.bool, device=device
-        )
-        if cache is not None:
-            key_pos, key_valid = cache.extend_positions(position_ids, new_valid)
-        else:
-            key_pos, key_valid = position_ids, new_valid
-        padded = valid_all is not None and not bool(valid_all.all())
-        needs_mask = padded or (n > 1 and past > 0)
-        mask = causal_mask(n, key_valid if padded else None, past + n, device) if needs_mask else None
-
+        position_ids, key_pos, mask = prepare_positions(input_ids, position_ids, attention_mask, cache)
         x = self.embed(input_ids)  # (B, N, C)
         state = self.pe.make_state(position_ids, key_pos, x.dtype)
         for idx, block in enumerate(self.layers):
@@ -194,7 +224,6 @@ class DecoderLM(nn.Module):
         return DecoderOutput(logits=logits, past_key_values=cache)
 
     # ------------------------------------------------------------------ generation
-    @torch.no_grad()
     def generate(
         self,
         prompt_ids: Tensor,  # (B, N) int64, left-padded if lengths differ
@@ -204,41 +233,9 @@ class DecoderLM(nn.Module):
         use_cache: bool = True,
         return_logits: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Greedy decoding. Returns (B, N + max_new_tokens) ids; after a sequence emits
-        ``eos_token_id`` it keeps emitting it. With ``return_logits`` also the (B, new, V)
-        logits each new token was chosen from. ``use_cache=False`` recomputes the whole prefix
-        every step (a reference for tests)."""
-        was_training = self.training
-        self.eval()
-        try:
-            ids = prompt_ids
-            mask = attention_mask if attention_mask is not None else torch.ones_like(prompt_ids)
-            done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-            cache, step_input, step_logits = None, ids, []
-            for _ in range(max_new_tokens):
-                if use_cache:
-                    out = self(step_input, attention_mask=mask, past_key_values=cache, use_cache=True)
-                    cache = out.past_key_values
-                else:
-                    out = self(ids, attention_mask=mask)
-                logits = out.logits[:, -1]  # (B, V)
-                nxt = logits.argmax(-1)
-                if eos_token_id is not None:
-                    nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
-                    done = done | (nxt == eos_token_id)
-                step_logits.append(logits)
-                ids = torch.cat([ids, nxt[:, None]], dim=1)
-                mask = torch.cat([mask, torch.ones_like(nxt[:, None])], dim=1)
-                step_input = nxt[:, None]
-                if eos_token_id is not None and bool(done.all()):
-                    pad = max_new_tokens - len(step_logits)
-                    ids = torch.cat([ids, ids.new_full((ids.shape[0], pad), eos_token_id)], dim=1)
-                    break
-        finally:
-            self.train(was_training)
-        if return_logits:
-            return ids, torch.stack(step_logits, dim=1)
-        return ids
+        """Greedy decoding with the KV cache; see ``tape.model.generate.greedy_generate``."""
+        return greedy_generate(self, prompt_ids, max_new_tokens, attention_mask, eos_token_id,
+                               use_cache, return_logits)
 
     # ------------------------------------------------------------------ helpers
     def num_parameters(self, exclude_embeddings: bool = False) -> int:

@@ -1,0 +1,62 @@
+"""Greedy decoding with a KV cache, for our DecoderLM and for Hugging Face causal LMs alike
+(both take input_ids / attention_mask / position_ids / past_key_values / use_cache and return
+.logits and .past_key_values)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def positions_from_mask(mask: Tensor, n_last: int) -> Tensor:
+    """Positions that count real tokens only (left padding), for the last n_last columns."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -n_last:]
+
+
+@torch.no_grad()
+def greedy_generate(
+    model: nn.Module,
+    prompt_ids: Tensor,  # (B, N) int64, left-padded if lengths differ
+    max_new_tokens: int,
+    attention_mask: Tensor | None = None,  # (B, N), 0 marks left padding
+    eos_token_id: int | None = None,
+    use_cache: bool = True,
+    return_logits: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Returns (B, N + max_new_tokens) ids; a sequence that emitted ``eos_token_id`` keeps
+    emitting it. With ``return_logits`` also the (B, new, V) logits each token came from.
+    ``use_cache=False`` recomputes the whole prefix every step (a reference for tests)."""
+    was_training = model.training
+    model.eval()
+    try:
+        ids = prompt_ids
+        mask = attention_mask if attention_mask is not None else torch.ones_like(prompt_ids)
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        cache, step_input, step_logits = None, ids, []
+        for _ in range(max_new_tokens):
+            if use_cache:
+                pos = positions_from_mask(mask, step_input.shape[1])
+                out = model(input_ids=step_input, attention_mask=mask, position_ids=pos,
+                            past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+            else:
+                out = model(input_ids=ids, attention_mask=mask,
+                            position_ids=positions_from_mask(mask, ids.shape[1]))
+            logits = out.logits[:, -1]  # (B, V)
+            nxt = logits.argmax(-1)
+            if eos_token_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+                done = done | (nxt == eos_token_id)
+            step_logits.append(logits)
+            ids = torch.cat([ids, nxt[:, None]], dim=1)
+            mask = torch.cat([mask, torch.ones_like(nxt[:, None])], dim=1)
+            step_input = nxt[:, None]
+            if eos_token_id is not None and bool(done.all()):
+                pad = max_new_tokens - len(step_logits)
+                ids = torch.cat([ids, ids.new_full((ids.shape[0], pad), eos_token_id)], dim=1)
+                break
+    finally:
+        model.train(was_training)
+    if return_logits:
+        return ids, torch.stack(step_logits, dim=1)
+    return ids
