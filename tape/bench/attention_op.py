@@ -1,0 +1,86 @@
+"""The attention operator of one layer, per PE, for the microbenchmark (the paper's Table 4).
+
+What is timed is the work between the q/k/v projections and the output projection, plus the
+PE's own per-layer updates, exactly as ``SelfAttention.forward`` and ``Block.forward`` call them:
+  rotate q, k (rotary PEs) -> attention bias (FIRE, T5, ALiBi) -> attend (with E as extra
+  values for TAPE) -> TAPE's post-attention map on A·E -> TAPE's token-gated PE-MLP.
+The projections and the SwiGLU MLP are excluded: they are identical for every PE and would only
+dilute the ratios. The model-level ``make_state`` (the RoPE table, once per forward) is excluded too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+import tape.pe as pe_registry
+from tape.model.attention import attend, pick_backend
+from tape.model.config import ModelConfig
+from tape.pe.base import LayerPE, PositionState
+
+
+@dataclass
+class AttentionOp:
+    """Callable: one forward pass of a layer's PE-dependent attention work on fixed inputs."""
+
+    layer: LayerPE
+    state: PositionState
+    q: Tensor  # (B, H, N, d)
+    k: Tensor  # (B, Hkv, N, d)
+    v: Tensor  # (B, Hkv, N, d)
+    m: Tensor  # (B, N, C): stands in for the layer's MLP output that gates TAPE's PE-MLP
+    backend: str
+    fuse: bool
+
+    def __call__(self) -> tuple[Tensor, Tensor | None]:
+        layer, state = self.layer, self.state
+        q, k = layer.rotate(self.q, self.k, state)
+        out, extra_out = attend(
+            q, k, self.v, extra=layer.extra_values(state), bias=layer.attn_bias(state),
+            alibi_slopes=layer.alibi_slopes(), backend=self.backend, fuse=self.fuse,
+        )  # (B, H, N, d), (B, H, N, d) or None
+        state = layer.after_attention(state, extra_out)
+        state = layer.after_mlp(state, self.m)
+        return out, state.rot
+
+    def resolved_backend(self) -> str:
+        """The attention backend ``auto`` picks for this op's call."""
+        bias = self.layer.attn_bias(self.state)
+        return pick_backend(self.backend, self.q, None, bias, self.layer.alibi_slopes() is not None)
+
+
+def build_attention_op(
+    cfg: ModelConfig, batch: int, seq_len: int, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> AttentionOp:
+    """Inputs and layer-0 PE module for ``cfg`` (any device, the meta device included).
+
+    Layer 0 stands for every layer but the last (``cfg.n_layers`` must be >= 2 for TAPE to
+    update E: its last layer only rotates)."""
+    gen_device = device if device.type != "meta" else torch.device("cpu")
+    torch.manual_seed(seed)
+    pe = pe_registry.build(cfg).to(device)
+    layer = pe.make_layer(0).to(device)
+    layer.init_weights(cfg.init_std)
+    with torch.no_grad():  # TAPE zero-inits two maps; draw them so every update does real work
+        for p in layer.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=cfg.init_std)
+    layer = layer.to(dtype=dtype)
+    h, hkv, d = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+
+    def rand(*shape: int) -> Tensor:
+        if device.type == "meta":
+            return torch.empty(*shape, device=device, dtype=dtype)
+        return torch.randn(*shape, device=gen_device, dtype=dtype).to(device)
+
+    pos = torch.arange(seq_len, device=device).expand(batch, seq_len)  # (B, N)
+    state = pe.make_state(pos, pos, dtype)
+    if state.rot is not None and cfg.pe == "tape":
+        state = state.with_rot(state.rot.contiguous())  # past layer 0, E is a full (B, He, N, d) tensor
+    return AttentionOp(
+        layer=layer, state=state, q=rand(batch, h, seq_len, d), k=rand(batch, hkv, seq_len, d),
+        v=rand(batch, hkv, seq_len, d), m=rand(batch, seq_len, cfg.d_model),
+        backend=cfg.attn_backend, fuse=cfg.tape_fused,
+    )

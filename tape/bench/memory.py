@@ -1,0 +1,87 @@
+"""Memory measures. CPU has no allocator statistics in torch, so on CPU we report
+(1) the bytes autograd saves for backward during the forward pass (activation memory: exact,
+deterministic, parameters excluded), and (2) the peak RSS of a fresh process during one
+training step above its RSS just before it. On CUDA we report torch.cuda.max_memory_allocated
+during one training step above what was allocated before it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from tape.bench.timing import synchronize
+
+
+def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> int:
+    """Bytes of the distinct storages autograd saves while ``fn`` runs, minus ``exclude`` (weights).
+
+    Views and expanded tensors share a storage and are counted once; the result of ``fn`` is
+    dropped afterwards, so its graph is freed.
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in skip:
+            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
+
+
+def cuda_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
+    """Peak bytes allocated by ``fn`` on ``device`` above what was allocated before it."""
+    synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def _status_kib(field: str) -> int:
+    """A field of /proc/self/status in KiB (VmRSS: now, VmHWM: peak since start or reset)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def rss_step_peak(step: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``step`` once and return the process's peak RSS during it above the RSS before it.
+
+    Linux only: writing 5 to /proc/self/clear_refs resets the peak (VmHWM) to the current RSS.
+    """
+    base = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    step()
+    peak = _status_kib("VmHWM")
+    return {"rss_before_bytes": base * 1024, "rss_peak_bytes": peak * 1024,
+            "rss_step_peak_bytes": (peak - base) * 1024}
+
+
+def rss_in_subprocess(spec: dict[str, Any], timeout_s: float = 600.0) -> dict[str, Any]:
+    """Run ``tape.bench.rss_probe`` with ``spec`` in a fresh interpreter; return its JSON (or an error)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tape.bench.rss_probe", json.dumps(spec)],
+        capture_output=True, text=True, timeout=timeout_s, env=env,
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "failed"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])

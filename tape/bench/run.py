@@ -1,0 +1,233 @@
+"""Run the whole efficiency comparison and return one JSON-ready dict (no Hydra, no files)."""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from tape.bench import paper_numbers
+from tape.bench.attention_op import build_attention_op
+from tape.bench.flops import META, count_flops, model_costs
+from tape.bench.machine import library_versions, machine_info, peak_bf16_flops
+from tape.bench.memory import cuda_peak_bytes, rss_in_subprocess, saved_tensor_bytes
+from tape.bench.timing import Timing, paired_ratio, time_interleaved
+from tape.bench.train_step import TrainStep
+from tape.bench.variants import Variant, make_variants
+from tape.model import ModelConfig
+
+ALL_PES = ["tape", "rope", "fire", "t5", "alibi", "xpos", "randpe", "nope"]
+
+
+@dataclass
+class OpSettings:
+    """Attention-operator microbenchmark: one layer's shape and the timing schedule."""
+
+    batch: int = 1
+    seq_len: int = 1024
+    d_model: int = 768
+    n_heads: int = 12
+    n_kv_heads: int | None = None
+    warmup: int = 3
+    repeats: int = 15
+
+
+@dataclass
+class TrainSettings:
+    """Training-step benchmark: model size, batch and the timing schedule."""
+
+    vocab_size: int = 4096
+    n_layers: int = 2
+    d_model: int = 768
+    n_heads: int = 12
+    n_kv_heads: int | None = None
+    d_ff: int | None = None
+    batch: int = 1
+    seq_len: int = 1024
+    warmup: int = 2
+    repeats: int = 5
+    lr: float = 1e-4
+
+
+@dataclass
+class BenchSettings:
+    """Everything one benchmark run depends on."""
+
+    device: str = "cpu"
+    scale: str = "cpu"
+    pes: list[str] = field(default_factory=lambda: list(ALL_PES))
+    backend: str = "auto"
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    op: OpSettings = field(default_factory=OpSettings)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    rss: bool = True  # CPU only: peak RSS of a fresh process per variant
+    table3_batch: int = 1
+    table3_seq_len: int = 1024
+    seed: int = 0
+    threads: int | None = None
+
+
+def _dtypes(settings: BenchSettings, device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
+    """(op tensor dtype, train autocast dtype or None)."""
+    name = settings.dtype
+    if name == "auto":
+        name = "bfloat16" if device.type == "cuda" else "float32"
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype={settings.dtype!r}; choose auto, float32, bfloat16 or float16")
+    dt = getattr(torch, name)
+    return dt, (None if dt == torch.float32 else dt)
+
+
+def _device(name: str) -> torch.device:
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but torch.cuda.is_available() is False; run with device=cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={name!r}; choose cpu or cuda")
+    return device
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+def _table3(variants: list[Variant], s: BenchSettings, log: Callable[[str], None]) -> dict[str, Any]:
+    """Exact params and forward FLOPs of the paper's 155M model (ModelConfig defaults), meta device."""
+    base = ModelConfig(max_seq_len=s.table3_seq_len, attn_backend="sdpa")
+    rows = {}
+    for v in variants:
+        costs = model_costs(v.config(base), s.table3_batch, s.table3_seq_len)
+        rows[v.label] = {
+            "pe": v.pe, "fused": v.fused, "params": costs["params"],
+            "params_2p20": costs["params"] / 2**20, "flops": costs["flops"], "macs": costs["flops"] // 2,
+        }
+    log(f"table 3: counted {len(rows)} variants on the meta device")
+    return {"model": base.to_dict(), "batch": s.table3_batch, "seq_len": s.table3_seq_len, "rows": rows}
+
+
+def _op_bench(variants, s: BenchSettings, device, dtype, log) -> dict[str, Any]:
+    o = s.op
+    # Two layers so that layer 0 is not the last one: TAPE's last layer has no E updates.
+    base = ModelConfig(vocab_size=8, n_layers=2, d_model=o.d_model, n_heads=o.n_heads,
+                       n_kv_heads=o.n_kv_heads, max_seq_len=o.seq_len, attn_backend=s.backend)
+    rows: dict[str, dict[str, Any]] = {}
+    ops = {}
+    for v in variants:
+        cfg = v.config(base)
+        meta_op = build_attention_op(cfg, o.batch, o.seq_len, META, dtype, s.seed)
+        ops[v.label] = build_attention_op(cfg, o.batch, o.seq_len, device, dtype, s.seed)
+        rows[v.label] = {"pe": v.pe, "fused": v.fused, "backend": ops[v.label].resolved_backend(),
+                         "flops": count_flops(meta_op)}
+    log(f"attention op: timing {len(ops)} variants, {o.warmup} warm-up + {o.repeats} interleaved rounds")
+    with torch.no_grad():
+        timings = time_interleaved(ops, o.warmup, o.repeats, device)
+        if device.type == "cuda":
+            for label, op in ops.items():
+                rows[label]["memory"] = {"cuda_peak_bytes": cuda_peak_bytes(op, device)}
+    for label, t in timings.items():
+        rows[label]["time_s"] = t.to_dict()
+        rows[label]["it_per_s"] = 1.0 / t.median_s
+    del ops
+    return {"config": asdict(o), "dtype": str(dtype).removeprefix("torch."), "rows": rows,
+            "_timings": timings}
+
+
+def _train_bench(variants, s: BenchSettings, device, autocast, log) -> dict[str, Any]:
+    t = s.train
+    base = ModelConfig(vocab_size=t.vocab_size, n_layers=t.n_layers, d_model=t.d_model,
+                       n_heads=t.n_heads, n_kv_heads=t.n_kv_heads, d_ff=t.d_ff,
+                       max_seq_len=t.seq_len, attn_backend=s.backend)
+    rows: dict[str, dict[str, Any]] = {}
+    steps = {}
+    peak = peak_bf16_flops(device) if autocast == torch.bfloat16 else None
+    for v in variants:
+        cfg = v.config(base)
+        costs = model_costs(cfg, t.batch, t.seq_len, backward=True)
+        steps[v.label] = TrainStep(cfg, t.batch, t.seq_len, device, autocast, t.lr, s.seed)
+        rows[v.label] = {"pe": v.pe, "fused": v.fused, "params": costs["params"],
+                         "flops": costs["flops"], "model": cfg.to_dict()}
+    log(f"train step: timing {len(steps)} variants, {t.warmup} warm-up + {t.repeats} interleaved rounds")
+    timings = time_interleaved(steps, t.warmup, t.repeats, device)
+    tokens = t.batch * t.seq_len
+    for label, step in steps.items():
+        row, tm = rows[label], timings[label]
+        params = [p for p in step.model.parameters()]
+        mem: dict[str, Any] = {"saved_activation_bytes": saved_tensor_bytes(step.loss, exclude=params)}
+        if device.type == "cuda":
+            mem["cuda_peak_bytes"] = cuda_peak_bytes(step, device)
+        row.update(time_s=tm.to_dict(), steps_per_s=1.0 / tm.median_s,
+                   tokens_per_s=tokens / tm.median_s, memory=mem,
+                   mfu=None if peak is None else row["flops"] / tm.median_s / peak)
+    del steps
+    gc.collect()
+    if device.type == "cpu" and s.rss:
+        log(f"train step: peak RSS of one step, {len(variants)} fresh processes")
+        for v in variants:
+            spec = {"model": rows[v.label]["model"], "batch": t.batch, "seq_len": t.seq_len,
+                    "threads": s.threads, "seed": s.seed}
+            rows[v.label]["memory"].update(rss_in_subprocess(spec))
+    return {"config": asdict(t), "autocast": None if autocast is None else str(autocast).removeprefix("torch."),
+            "tokens_per_step": tokens, "peak_bf16_flops": peak, "rows": rows, "_timings": timings}
+
+
+def _memory_keys(row: dict[str, Any]) -> list[str]:
+    return [k for k in ("saved_activation_bytes", "rss_step_peak_bytes", "cuda_peak_bytes")
+            if isinstance(row.get("memory", {}).get(k), (int, float))]
+
+
+def _add_ratios(section: dict[str, Any], ref: str = "rope") -> None:
+    """Per row: time, FLOP and memory ratios against RoPE's row of the same section."""
+    rows, timings = section["rows"], section.pop("_timings")
+    if ref not in rows:
+        return
+    r = rows[ref]
+    for label, row in rows.items():
+        row["vs_rope"] = {
+            "time": row["time_s"]["median_s"] / r["time_s"]["median_s"],
+            "time_paired": paired_ratio(timings[label], timings[ref]),
+            "flops": _ratio(row["flops"], r["flops"]),
+            "memory": {k: _ratio(row["memory"][k], r["memory"].get(k)) for k in _memory_keys(row)},
+        }
+
+
+def _tape_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """TAPE/RoPE ratios (fused, unfused), the FLOP lower bound, and the paper's ratios."""
+    out: dict[str, Any] = {}
+    for section in ("attention_op", "train_step"):
+        rows = result[section]["rows"]
+        if not {"tape_fused", "tape_unfused", "rope"} <= set(rows):
+            continue
+        entry = {name: rows[f"tape_{name}"]["vs_rope"] for name in ("fused", "unfused")}
+        # The least work exact TAPE needs: one QK^T for V and E (the fused count).
+        entry["flop_lower_bound"] = rows["tape_fused"]["vs_rope"]["flops"]
+        out[section] = entry
+    p = paper_numbers.TABLE4
+    out["paper_table4"] = {"fused": p["tape_fused"]["time_s"] / p["rope"]["time_s"],
+                           "unfused": p["tape_unfused"]["time_s"] / p["rope"]["time_s"]}
+    return out
+
+
+def run_benchmark(settings: BenchSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Counts, timings, memory and ratios for every variant, as one JSON-ready dict."""
+    device = _device(settings.device)
+    if settings.threads:
+        torch.set_num_threads(int(settings.threads))
+    op_dtype, autocast = _dtypes(settings, device)
+    variants = make_variants(settings.pes)
+    result: dict[str, Any] = {
+        "settings": asdict(settings),
+        "machine": machine_info(device),
+        "versions": library_versions(),
+        "variants": [asdict(v) for v in variants],
+        "table3": _table3(variants, settings, log),
+    }
+    result["attention_op"] = _op_bench(variants, settings, device, op_dtype, log)
+    gc.collect()
+    result["train_step"] = _train_bench(variants, settings, device, autocast, log)
+    for section in ("attention_op", "train_step"):
+        _add_ratios(result[section])
+    result["tape_vs_rope"] = _tape_summary(result)
+    result["paper"] = {"table3": paper_numbers.TABLE3, "table4": paper_numbers.TABLE4}
+    return result

@@ -1,0 +1,47 @@
+"""A full training step (forward, loss, backward, AdamW) of a DecoderLM on fixed random tokens."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from tape.bench.flops import lm_loss
+from tape.model import DecoderLM, ModelConfig
+
+
+class TrainStep:
+    """Callable: one optimizer step. fp32 weights; ``autocast`` (e.g. bf16 on CUDA) for compute."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        batch: int,
+        seq_len: int,
+        device: torch.device,
+        autocast: torch.dtype | None = None,
+        lr: float = 1e-4,
+        seed: int = 0,
+    ) -> None:
+        torch.manual_seed(seed)
+        self.device, self.autocast = device, autocast
+        self.model = DecoderLM(cfg).to(device).train()
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=gen).to(device)  # (B, N)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
+
+    def loss(self) -> torch.Tensor:
+        """Forward pass and loss only (the memory probe wraps this)."""
+        with self._autocast():
+            return lm_loss(self.model, self.ids)
+
+    def __call__(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss()
+        loss.backward()
+        self.optimizer.step()
