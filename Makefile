@@ -21,6 +21,10 @@ test:  ## Run the test suite (under 10 minutes on 2 cores)
 test-fast:  ## Run the tests not marked slow
 	$(BIN)/python -m pytest -q -m "not slow"
 
+bench:  ## Efficiency benchmark (CPU, a few minutes): writes results/efficiency.md and .json
+	nice -n 10 $(BIN)/python -m pipelines.benchmark
+.PHONY: bench
+
 clean:  ## Remove caches (never runs/ or results/)
 	rm -rf .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

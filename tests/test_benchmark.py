@@ -1,0 +1,166 @@
+"""The efficiency benchmark runs on a tiny configuration and writes well-formed output.
+Nothing here is timed: timings are only checked to be positive and ordered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from tape.bench import make_variants
+from tape.bench.attention_op import build_attention_op
+from tape.bench.flops import META, count_flops, model_costs
+from tape.bench.memory import rss_in_subprocess, saved_tensor_bytes
+from tape.bench.timing import paired_ratio, time_interleaved
+from tape.model import ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_LABELS = ["tape_fused", "tape_unfused", "rope", "fire", "t5", "alibi", "nope", "randpe", "xpos"]
+
+
+def compose_benchmark(*overrides: str):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name="benchmark", overrides=list(overrides))
+
+
+# ---------------------------------------------------------------- building blocks
+def test_variants_expand_tape_and_put_the_paper_columns_first():
+    labels = [v.label for v in make_variants(["nope", "t5", "rope", "tape", "fire"])]
+    assert labels == ["tape_fused", "tape_unfused", "rope", "fire", "t5", "nope"]
+    with pytest.raises(ValueError, match="unknown PE"):
+        make_variants(["rope", "sinusoid?"])
+
+
+def test_155m_counts_match_the_paper_table3_on_the_meta_device():
+    rope = model_costs(ModelConfig(pe="rope"), batch=1, seq_len=1024)
+    tape = model_costs(ModelConfig(pe="tape"), batch=1, seq_len=1024)
+    assert rope["params"] == 162_417_408  # 154.89 x 2^20, the paper's RoPE column
+    assert rope["flops"] == pytest.approx(321.10e9, rel=5e-3)
+    assert 0 < tape["params"] - rope["params"] <= 12 * 38_160  # C·I + 2·H·I + H² per layer
+    assert tape["flops"] > rope["flops"]
+
+
+def test_attention_op_runs_for_every_variant_and_tape_counts_more_flops():
+    base = ModelConfig(vocab_size=8, n_layers=2, d_model=32, n_heads=4, max_seq_len=16)
+    flops = {}
+    for v in make_variants(["tape", "rope", "fire", "t5", "alibi", "xpos", "randpe", "nope"]):
+        cfg = v.config(base)
+        out, rot = build_attention_op(cfg, 2, 16, torch.device("cpu"), torch.float32)()
+        assert out.shape == (2, 4, 16, 8) and torch.isfinite(out).all()
+        if v.pe == "tape":
+            assert rot is not None and rot.shape == (2, 4, 16, 8)
+        flops[v.label] = count_flops(build_attention_op(cfg, 2, 16, META, torch.float32))
+    assert flops["tape_unfused"] > flops["tape_fused"] > flops["rope"] > 0
+
+
+def test_interleaved_timing_calls_each_variant_warmup_plus_repeats_times():
+    calls = {"a": 0, "b": 0}
+
+    def bump(name):
+        return lambda: calls.__setitem__(name, calls[name] + 1)
+
+    timings = time_interleaved({"a": bump("a"), "b": bump("b")}, warmup=2, repeats=5,
+                               device=torch.device("cpu"))
+    assert calls == {"a": 7, "b": 7}
+    for t in timings.values():
+        assert t.n == 5 and 0 <= t.min_s <= t.median_s <= t.max_s
+    assert paired_ratio(timings["a"], timings["a"]) == {"median": 1.0, "min": 1.0, "max": 1.0}
+
+
+def test_saved_tensor_bytes_counts_each_storage_once_and_skips_weights():
+    w = torch.nn.Parameter(torch.randn(64, 64))
+    x = torch.randn(8, 64, requires_grad=True)
+    # x * x saves x twice (one storage); x @ w saves x and w; the weight is excluded.
+    assert saved_tensor_bytes(lambda: (x * x) @ w, exclude=[w]) == 2 * 8 * 64 * 4
+    assert saved_tensor_bytes(lambda: x * x) == 8 * 64 * 4
+
+
+def test_rss_probe_reports_a_step_peak_in_a_fresh_process():
+    cfg = ModelConfig(vocab_size=32, n_layers=1, d_model=16, n_heads=2, max_seq_len=16, pe="rope")
+    out = rss_in_subprocess({"model": cfg.to_dict(), "batch": 1, "seq_len": 16, "threads": 1})
+    assert "error" not in out, out
+    assert out["rss_peak_bytes"] >= out["rss_before_bytes"] > 0
+    assert out["rss_step_peak_bytes"] >= 0
+
+
+# ---------------------------------------------------------------- the pipeline
+def test_config_presets_and_overrides():
+    from pipelines.benchmark import settings_from_config
+
+    s = settings_from_config(compose_benchmark())
+    assert (s.device, s.scale, s.op.seq_len, s.train.n_layers) == ("cpu", "cpu", 1024, 2)
+    s = settings_from_config(compose_benchmark("scale=paper", "device=cuda", "repeats=7"))
+    assert (s.train.n_layers, s.train.vocab_size, s.op.repeats, s.train.repeats) == (12, 32000, 7, 7)
+    with pytest.raises(ValueError, match="scale"):
+        settings_from_config(compose_benchmark("scale=huge"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without a GPU")
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    from pipelines.benchmark import run
+
+    with pytest.raises(RuntimeError, match="cuda"):
+        run(compose_benchmark("scale=tiny", "device=cuda", f"output_dir={tmp_path}"), [])
+
+
+def test_tiny_run_writes_well_formed_markdown_and_json(tmp_path):
+    from pipelines.benchmark import run
+
+    overrides = ["scale=tiny", f"output_dir={tmp_path}"]
+    run(compose_benchmark(*overrides), overrides)
+    res = json.loads((tmp_path / "efficiency.json").read_text())
+    assert res["command"] == "python -m pipelines.benchmark " + " ".join(overrides)
+    assert {"machine", "versions", "git", "settings", "created_utc"} <= set(res)
+    assert res["versions"]["torch"] == torch.__version__
+    assert list(res["table3"]["rows"]) == ALL_LABELS
+    for section in ("attention_op", "train_step"):
+        rows = res[section]["rows"]
+        assert list(rows) == ALL_LABELS
+        for row in rows.values():
+            t = row["time_s"]
+            assert t["n"] > 0 and 0 < t["min_s"] <= t["median_s"] <= t["max_s"]
+            assert row["flops"] > 0 and row["vs_rope"]["time"] > 0
+        assert rows["rope"]["vs_rope"]["time"] == 1.0
+    train = res["train_step"]["rows"]
+    assert all(r["memory"]["saved_activation_bytes"] > 0 for r in train.values())
+    assert train["tape_fused"]["memory"]["saved_activation_bytes"] > train["rope"]["memory"]["saved_activation_bytes"]
+    summary = res["tape_vs_rope"]
+    for section in ("attention_op", "train_step"):
+        assert summary[section]["flop_lower_bound"] > 1.0
+        assert summary[section]["fused"]["time"] > 0 and summary[section]["unfused"]["time"] > 0
+    assert summary["paper_table4"]["fused"] == pytest.approx(2.56 / 2.08)
+
+    md = (tmp_path / "efficiency.md").read_text()
+    for heading in ("## TAPE / RoPE", "## Parameters, FLOPs and MACs", "## (a) Attention operator",
+                    "## (b) Training step", "## How this is measured"):
+        assert heading in md
+    for name in ("TAPE fused", "TAPE unfused", "RoPE", "FIRE", "T5 bias", "ALiBi", "xPos", "RandPE", "NoPE"):
+        assert f"| {name} |" in md
+    assert res["command"] in md and "not run for this file" in md
+    widths: list[int] = []  # every row of a table has as many cells as its header
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            assert line.endswith("|")
+            widths.append(line.count("|"))
+        elif widths:
+            assert len(set(widths)) == 1 and len(widths) >= 3, widths
+            widths = []
+
+
+def test_the_command_line_entry_point_runs(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.benchmark", "scale=tiny", "pes=[rope,tape]",
+         f"output_dir={tmp_path}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((tmp_path / "efficiency.json").read_text())
+    assert list(res["attention_op"]["rows"]) == ["tape_fused", "tape_unfused", "rope"]
+    assert (tmp_path / "efficiency.md").read_text().startswith("# Efficiency")
