@@ -1,0 +1,176 @@
+"""TAPE inside a pretrained Hugging Face Llama (tape-spec B): ``add_tape(model)``.
+
+Every decoder layer gets a ``pe`` module (TAPE's maps, ``tape.pe.tape.TAPELayer``) and the model
+runs its own layer loop, so E flows from layer to layer; all original parameter names stay as
+they were. Layer 0's E is the model's own rotary table (``model.model.rotary_emb``: its
+rope_theta and linear position interpolation included), and TAPE's maps start at zero, so at
+initialisation the logits equal the original model's. Grouped-query models (Llama 3) keep E per
+key/value head.
+
+The converted model is a ``TapeLlamaForCausalLM``: ``save_pretrained`` writes TAPE's weights and
+options (``config.tape``), and ``TapeLlamaForCausalLM.from_pretrained(dir)`` reloads it. Decoding
+uses our KV cache (``tape.model.KVCache``), through ``tape.model.generate.greedy_generate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+from transformers import LlamaForCausalLM, LlamaModel
+from transformers.modeling_outputs import BaseModelOutputWithPast
+
+from tape.model.cache import KVCache
+from tape.model.config import ConfigError, ModelConfig
+from tape.model.decoder import attention_forward, prepare_positions
+from tape.pe.base import PositionState
+from tape.pe.tape import TAPELayer
+
+DEFAULT_TAPE_OPTIONS: dict[str, Any] = {
+    "position_size": None,  # I; None = 4 * num_attention_heads (128 for Llama-2-7B)
+    "post_attn": "mix",
+    "zero_init": "w1",
+    "attn_update": True,
+    "mlp_update": True,
+    "fused": True,
+    "attn_backend": "auto",
+}
+
+
+def tape_config_for(hf_config: Any, options: dict[str, Any]) -> ModelConfig:
+    """The ModelConfig that TAPE's layers need, read from a Llama config."""
+    unknown = sorted(set(options) - set(DEFAULT_TAPE_OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown TAPE option(s) {unknown}; valid: {sorted(DEFAULT_TAPE_OPTIONS)}")
+    opts = {**DEFAULT_TAPE_OPTIONS, **options}
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    if head_dim * hf_config.num_attention_heads != hf_config.hidden_size:
+        raise ConfigError(
+            f"head_dim={head_dim} x num_attention_heads={hf_config.num_attention_heads} != "
+            f"hidden_size={hf_config.hidden_size}; add_tape supports Llama layouts where they match"
+        )
+    return ModelConfig(
+        vocab_size=hf_config.vocab_size, n_layers=hf_config.num_hidden_layers,
+        d_model=hf_config.hidden_size, n_heads=hf_config.num_attention_heads,
+        n_kv_heads=hf_config.num_key_value_heads, d_ff=hf_config.intermediate_size,
+        max_seq_len=hf_config.max_position_embeddings, norm_eps=hf_config.rms_norm_eps,
+        rope_theta=float(hf_config.rope_parameters["rope_theta"]), pe="tape",
+        init_std=getattr(hf_config, "initializer_range", 0.02),
+        attn_backend=opts["attn_backend"], tape_position_size=opts["position_size"],
+        tape_post_attn=opts["post_attn"], tape_zero_init=opts["zero_init"],
+        tape_attn_update=opts["attn_update"], tape_mlp_update=opts["mlp_update"],
+        tape_fused=opts["fused"],
+    )
+
+
+def _attach_tape_layers(model: LlamaModel, cfg: ModelConfig) -> None:
+    """Give every decoder layer its TAPE maps, initialised so that E stays the RoPE table."""
+    ref = model.embed_tokens.weight
+    for idx, layer in enumerate(model.layers):
+        pe = TAPELayer(cfg, updates_e=idx < cfg.n_layers - 1)
+        for lin in pe.modules():
+            if isinstance(lin, nn.Linear):
+                nn.init.normal_(lin.weight, std=cfg.init_std)
+        pe.init_weights(cfg.init_std)
+        layer.pe = pe.to(device=ref.device, dtype=ref.dtype)
+
+
+class TapeLlamaModel(LlamaModel):
+    """LlamaModel whose layer loop carries TAPE's E stream. Built by ``add_tape``."""
+
+    tape_cfg: ModelConfig
+
+    def _layer(self, idx: int, x: Tensor, rot: Tensor, state: PositionState, mask, cache):
+        layer, cfg = self.layers[idx], self.tape_cfg
+        state = state if state.rot is rot else state.with_rot(rot)
+        attn_out, extra_out = attention_forward(
+            layer.self_attn, layer.input_layernorm(x), layer.pe, state, mask, cache, idx,
+            heads=(cfg.n_heads, cfg.kv_heads, cfg.head_dim), backend=cfg.attn_backend,
+            fuse=cfg.tape_fused,
+        )
+        x = x + attn_out
+        state = layer.pe.after_attention(state, extra_out)
+        m = layer.mlp(layer.post_attention_layernorm(x))
+        state = layer.pe.after_mlp(state, m)
+        return x + m, state.rot
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        past_key_values: KVCache | None = None,
+        inputs_embeds: Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if past_key_values is not None and not isinstance(past_key_values, KVCache):
+            raise TypeError(
+                "a TAPE Llama keeps E rows in its own cache: pass the tape.model.KVCache it "
+                "returned (decode with tape.model.generate.greedy_generate, not HF generate())"
+            )
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, N, C)
+        ids_like = x[..., 0].long() if input_ids is None else input_ids
+        cfg = self.tape_cfg
+        cache = past_key_values if past_key_values is not None else (
+            KVCache(cfg.n_layers) if use_cache else None
+        )
+        position_ids, key_pos, mask = prepare_positions(ids_like, position_ids, attention_mask, cache)
+        cos, sin = self.rotary_emb(x, position_ids=position_ids)  # (B, N, d), duplicated halves
+        half = cos.shape[-1] // 2
+        rot = torch.cat([cos[..., :half], sin[..., :half]], dim=-1)[:, None]  # (B, 1, N, d)
+        rot = rot.expand(-1, cfg.kv_heads, -1, -1)  # (B, He, N, d): E at layer 0
+        state = PositionState(query_pos=position_ids, key_pos=key_pos, rot=rot)
+        for idx in range(cfg.n_layers):
+            if self.gradient_checkpointing and self.training and cache is None:
+                x, rot = checkpoint(self._layer, idx, x, rot, state, mask, None, use_reentrant=False)
+            else:
+                x, rot = self._layer(idx, x, rot, state, mask, cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(x), past_key_values=cache)
+
+
+class TapeLlamaForCausalLM(LlamaForCausalLM):
+    """A Llama causal LM with TAPE. ``from_pretrained`` on a directory written by
+    ``save_pretrained`` of a converted model restores TAPE's weights and options."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        _convert_base(self.model, dict(getattr(config, "tape", None) or {}))
+        config.tape = self.model.tape_options
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, TAPELayer):  # HF's init must not undo TAPE's zeros
+            module.init_weights(self.config.initializer_range)
+
+
+def _convert_base(base: LlamaModel, options: dict[str, Any]) -> None:
+    cfg = tape_config_for(base.config, options)
+    base.__class__ = TapeLlamaModel
+    base.tape_cfg = cfg
+    base.tape_options = {**DEFAULT_TAPE_OPTIONS, **options}
+    _attach_tape_layers(base, cfg)
+
+
+def add_tape(model: LlamaForCausalLM, **options: Any) -> TapeLlamaForCausalLM:
+    """Put TAPE into a transformers ``LlamaForCausalLM`` (in place; also returned).
+
+    options: position_size, post_attn ('mix' | 'rowsum'), zero_init ('w1' | 'w2'),
+    attn_update, mlp_update, fused, attn_backend; see ``DEFAULT_TAPE_OPTIONS``.
+    """
+    if isinstance(model, TapeLlamaForCausalLM):
+        raise ValueError("this model already has TAPE")
+    if not isinstance(model, LlamaForCausalLM) or not isinstance(model.model, LlamaModel):
+        raise TypeError(
+            f"add_tape expects a transformers LlamaForCausalLM, got {type(model).__name__}; "
+            "models with the same layout (Llama 2/3, grouped-query) load as LlamaForCausalLM"
+        )
+    _convert_base(model.model, options)
+    model.__class__ = TapeLlamaForCausalLM
+    model.config.tape = model.model.tape_options
+    model.config.architectures = ["TapeLlamaForCausalLM"]
+    return model

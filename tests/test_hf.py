@@ -1,0 +1,194 @@
+"""TAPE in Hugging Face Llama models and the context-extension recipes, on tiny random
+configs built here (no download)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from tape.hf import TapeLlamaForCausalLM, add_tape  # noqa: E402
+from tape.hf.recipes import apply_recipe, trainable_parameters  # noqa: E402
+from tape.hf.s2attn import shifted_sparse_attention  # noqa: E402
+from tape.model.generate import greedy_generate  # noqa: E402
+
+ROPES = {
+    "mha": (4, {"rope_type": "default", "rope_theta": 10000.0}),
+    "gqa-pi": (2, {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}),
+    "mqa": (1, {"rope_type": "default", "rope_theta": 10000.0}),
+}
+
+
+def tiny_llama(kv: int = 4, rope: dict | None = None, layers: int = 3, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=kv, max_position_embeddings=32,
+                      rope_parameters=rope or {"rope_type": "default", "rope_theta": 10000.0})
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(15)  # sharp attention: positions matter
+    return model
+
+
+def _randomize_tape(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".pe." in name:
+                p.normal_(0, 0.1)
+
+
+@pytest.mark.parametrize("case", ROPES)
+def test_add_tape_is_identity_at_init(case):
+    kv, rope = ROPES[case]
+    model = tiny_llama(kv, rope)
+    ids = torch.randint(0, 50, (2, 30))
+    with torch.no_grad():
+        before = model(ids).logits
+        tape_model = add_tape(model)
+        after = tape_model(ids).logits
+    assert isinstance(tape_model, TapeLlamaForCausalLM)
+    assert (before - after).abs().max() <= 1e-5
+    _randomize_tape(tape_model)
+    with torch.no_grad():
+        assert (tape_model(ids).logits - before).abs().max() > 1e-3  # TAPE's weights act
+
+
+def test_add_tape_rejects_other_models_and_double_conversion():
+    with pytest.raises(TypeError, match="LlamaForCausalLM"):
+        add_tape(torch.nn.Linear(2, 2))
+    model = add_tape(tiny_llama())
+    with pytest.raises(ValueError, match="already"):
+        add_tape(model)
+
+
+def test_save_and_reload_round_trip(tmp_path):
+    model = add_tape(tiny_llama(2), post_attn="rowsum", position_size=8)
+    _randomize_tape(model)
+    ids = torch.randint(0, 50, (2, 20))
+    model.save_pretrained(tmp_path)
+    reloaded = TapeLlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert reloaded.config.tape["post_attn"] == "rowsum" and reloaded.config.tape["position_size"] == 8
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reloaded(ids).logits)
+
+
+def test_tape_llama_cached_generation_matches_recomputation():
+    model = add_tape(tiny_llama(2))
+    _randomize_tape(model)
+    prompt = torch.randint(0, 50, (2, 6))
+    a, la = greedy_generate(model, prompt, 8, return_logits=True)
+    b, lb = greedy_generate(model, prompt, 8, use_cache=False, return_logits=True)
+    assert torch.equal(a, b) and torch.allclose(la, lb, atol=1e-5)
+
+
+def test_activation_checkpointing_recomputes_layers_and_keeps_gradients():
+    grads, calls = [], []
+    for ckpt in (False, True):
+        model = add_tape(tiny_llama(2))
+        _randomize_tape(model)
+        model.train()
+        if ckpt:
+            model.activation_checkpointing_enable()
+        count, layer_fn = [0], model.model._layer
+
+        def counted(*args, _fn=layer_fn, _count=count):
+            _count[0] += 1
+            return _fn(*args)
+
+        model.model._layer = counted
+        ids = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        calls.append(count[0])
+    assert calls == [3, 6]  # each of the 3 layers runs again in the backward pass
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- recipes
+C, H, HKV, I, V, L = 64, 4, 2, 16, 50, 3
+EMB_NORM = V * C + (2 * L + 1) * C  # embed_tokens + every RMSNorm
+TAPE_LAYER = C * I + HKV * I + I * HKV + HKV * H  # x_proj + w1 + w2 + post_attn (layers but the last)
+LORA_LAYER = 8 * (C + H * 16) + 8 * (C + HKV * 16) * 2 + 8 * (H * 16 + C)  # q, k, v, o with r = 8
+
+
+@pytest.mark.parametrize(
+    "recipe, kwargs, expected",
+    [
+        ("tape", {}, (L - 1) * TAPE_LAYER + EMB_NORM),
+        ("tape", {"train_post_attn": False}, (L - 1) * (TAPE_LAYER - HKV * H) + EMB_NORM),
+        ("lora", {}, L * LORA_LAYER + EMB_NORM),
+        ("longlora", {}, L * LORA_LAYER + EMB_NORM),
+        ("theta", {}, L * LORA_LAYER + EMB_NORM),
+    ],
+)
+def test_recipe_trains_exactly_its_parameters(recipe, kwargs, expected):
+    model = apply_recipe(tiny_llama(HKV), recipe, target_context=64, **kwargs)
+    trained = trainable_parameters(model)
+    assert sum(trained.values()) == expected
+    for name in trained:
+        assert any(k in name for k in (".pe.", "lora_", "embed", "norm")), name
+        assert "lm_head" not in name
+    if recipe == "tape" and not kwargs:
+        assert any(".post_attn." in n for n in trained)
+    if recipe == "tape" and kwargs:
+        assert not any(".post_attn." in n for n in trained)
+
+
+@pytest.mark.parametrize("recipe, theta", [("lora", 10000.0), ("theta", 1e6)])
+def test_recipes_interpolate_positions_by_target_over_original(recipe, theta):
+    model = apply_recipe(tiny_llama(), recipe, target_context=64)  # original 32 -> factor 2
+    config = model.config
+    assert config.rope_parameters["factor"] == 2.0 and config.rope_parameters["rope_theta"] == theta
+    inv = model.base_model.model.model.rotary_emb.inv_freq
+    expected = 1.0 / (theta ** (torch.arange(0, 16, 2).float() / 16)) / 2.0
+    assert torch.allclose(inv, expected)
+
+
+def test_unknown_recipe_lists_the_choices():
+    with pytest.raises(ValueError, match="longlora"):
+        apply_recipe(tiny_llama(), "yarn", target_context=64)
+
+
+def test_longlora_uses_s2attn_in_training_and_full_attention_in_eval():
+    ids = torch.randint(0, 50, (2, 32))
+    lora = apply_recipe(tiny_llama(HKV), "lora", target_context=64)
+    longlora = apply_recipe(tiny_llama(HKV), "longlora", target_context=64)
+    with torch.no_grad():
+        assert torch.allclose(lora.eval()(input_ids=ids).logits, longlora.eval()(input_ids=ids).logits, atol=1e-5)
+        diff = (lora.train()(input_ids=ids).logits - longlora.train()(input_ids=ids).logits).abs().max()
+    assert diff > 1e-3
+
+
+# ----------------------------------------------------------------------------- S²-Attn
+def _s2_reference(q, k, v, n_groups):
+    """Per-head masks written out: plain heads attend within [j*g, (j+1)*g); shifted heads
+    within [j*g - g/2, (j+1)*g - g/2) (the head and tail of the sequence are separate groups)."""
+    b, h, n, d = q.shape
+    g = n // n_groups
+    i = torch.arange(n)
+    causal = i[None, :] <= i[:, None]
+    plain = causal & ((i[:, None] // g) == (i[None, :] // g))
+    shifted = causal & (((i[:, None] + g // 2) // g) == ((i[None, :] + g // 2) // g))
+    mask = torch.stack([plain] * (h // 2) + [shifted] * (h - h // 2))[None]  # (1, H, N, N)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("n_groups", [2, 4])
+def test_s2attn_matches_written_out_masks(n_groups):
+    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.float64) for _ in range(3))
+    assert torch.allclose(shifted_sparse_attention(q, k, v, n_groups), _s2_reference(q, k, v, n_groups), atol=1e-12)
+
+
+def test_s2attn_with_one_group_is_full_causal_attention():
+    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.float64) for _ in range(3))
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(shifted_sparse_attention(q, k, v, 1), full, atol=1e-12)
+
+
+def test_s2attn_rejects_lengths_that_do_not_split():
+    q = torch.randn(1, 4, 18, 8)
+    with pytest.raises(ValueError, match="groups"):
+        shifted_sparse_attention(q, q, q, 4)
