@@ -1,0 +1,1 @@
+"""Task data: generators, tokenizers and batch builders (pure PyTorch/NumPy, no Lightning)."""
