@@ -1,0 +1,1 @@
+"""Evaluation metrics (arithmetic grid; later SCROLLS and perplexity)."""

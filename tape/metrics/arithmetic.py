@@ -1,0 +1,137 @@
+"""Addition accuracy over a grid of operand lengths (tape-spec D.1 evaluation protocol).
+
+For each cell (len_a, len_b) the model greedily completes ``examples_per_cell`` prompts with the
+KV cache. An example is correct when the generated tokens, cut to the gold answer's length and
+with everything after the first EOS replaced by PAD, equal the gold answer plus EOS (exact match
+of the whole answer). The paper's number is the mean over all cells of the cell accuracies.
+Grids are stored as tidy rows (len_a, len_b, n, correct) so partial grids can be merged.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from tape.data.addition import EOS, PAD, AdditionExample, cell_examples
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One grid cell: ``correct`` of ``n`` examples with these operand lengths were right."""
+
+    len_a: int
+    len_b: int
+    n: int
+    correct: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n
+
+
+def exact_match(generated: Tensor, gold: Sequence[Sequence[int]]) -> list[bool]:
+    """generated (B, K) new tokens, K >= every gold length; gold[i] ends with EOS.
+    Row i is right iff its first len(gold[i]) tokens, PAD after the first EOS, equal gold[i]."""
+    out = []
+    for row, target in zip(generated.tolist(), gold):
+        pred = row[: len(target)]
+        if EOS in pred:
+            cut = pred.index(EOS) + 1
+            pred = pred[:cut] + [PAD] * (len(pred) - cut)
+        out.append(pred == list(target))
+    return out
+
+
+@torch.no_grad()
+def evaluate_grid(
+    model: nn.Module,
+    max_digits: int,
+    examples_per_cell: int,
+    seed: int,
+    batch_size: int = 512,
+    device: torch.device | str | None = None,
+) -> list[Cell]:
+    """Score ``model`` (a DecoderLM) on every cell of [1..max_digits]^2.
+
+    Cells with the same prompt length (len_a + len_b + 2) are decoded together, so batches need
+    no padding; each batch generates as many tokens as its longest gold answer.
+    """
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    by_length: dict[int, list[tuple[int, int, AdditionExample]]] = defaultdict(list)
+    for la in range(1, max_digits + 1):
+        for lb in range(1, max_digits + 1):
+            for ex in cell_examples(seed, la, lb, examples_per_cell):
+                by_length[la + lb].append((la, lb, ex))
+    correct: dict[tuple[int, int], int] = defaultdict(int)
+    for _, items in sorted(by_length.items()):
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            prompts = torch.tensor([ex.prompt_ids() for _, _, ex in chunk], device=device)  # (B, P)
+            gold = [ex.answer_ids() for _, _, ex in chunk]
+            k = max(len(g) for g in gold)
+            ids = model.generate(prompts, max_new_tokens=k, eos_token_id=EOS)  # (B, P + k)
+            for (la, lb, _), ok in zip(chunk, exact_match(ids[:, prompts.shape[1] :], gold)):
+                correct[(la, lb)] += int(ok)
+    return [
+        Cell(la, lb, examples_per_cell, correct[(la, lb)])
+        for la in range(1, max_digits + 1)
+        for lb in range(1, max_digits + 1)
+    ]
+
+
+def summarize(cells: Iterable[Cell], train_digits: int) -> dict[str, float]:
+    """Mean cell accuracy in % over all cells (the paper's number), over the training region
+    (both operands <= train_digits) and over the rest (NaN when the grid has no such cells)."""
+    cells = list(cells)
+    if not cells:
+        raise ValueError("summarize() got an empty grid")
+
+    def mean(group: list[Cell]) -> float:
+        return 100.0 * sum(c.accuracy for c in group) / len(group) if group else float("nan")
+
+    inside = [c for c in cells if c.len_a <= train_digits and c.len_b <= train_digits]
+    outside = [c for c in cells if not (c.len_a <= train_digits and c.len_b <= train_digits)]
+    return {
+        "mean_accuracy": mean(cells),
+        "in_distribution_accuracy": mean(inside),
+        "ood_accuracy": mean(outside),
+        "n_cells": float(len(cells)),
+        "n_examples": float(sum(c.n for c in cells)),
+    }
+
+
+GRID_FIELDS = ("len_a", "len_b", "n", "correct")
+
+
+def write_grid_csv(cells: Iterable[Cell], path: str | Path) -> None:
+    """Tidy CSV, one row per cell. Refuses to overwrite an existing file."""
+    with open(path, "x", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(GRID_FIELDS)
+        for c in cells:
+            writer.writerow([c.len_a, c.len_b, c.n, c.correct])
+
+
+def read_grid_csv(path: str | Path) -> list[Cell]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if tuple(reader.fieldnames or ()) != GRID_FIELDS:
+            raise ValueError(f"{path}: expected columns {GRID_FIELDS}, got {reader.fieldnames}")
+        return [Cell(*(int(row[k]) for k in GRID_FIELDS)) for row in reader]
+
+
+def merge_grids(*grids: Iterable[Cell]) -> list[Cell]:
+    """Join partial grids (e.g. evaluated by separate jobs); a cell present twice is an error."""
+    merged: dict[tuple[int, int], Cell] = {}
+    for grid in grids:
+        for c in grid:
+            if (c.len_a, c.len_b) in merged:
+                raise ValueError(f"cell (len_a={c.len_a}, len_b={c.len_b}) appears in two grids")
+            merged[(c.len_a, c.len_b)] = c
+    return [merged[key] for key in sorted(merged)]

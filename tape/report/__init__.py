@@ -1,0 +1,1 @@
+"""Rendering results: heatmaps (and later tables with the paper's reference numbers)."""
