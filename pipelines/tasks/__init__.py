@@ -1,0 +1,22 @@
+"""Task registry: what ``task.name`` means to the pipelines (data, checks, evaluation).
+
+A task module provides ``validate(cfg)`` (raise PipelineConfigError before any training),
+``datamodule(cfg)`` (a LightningDataModule with ``vocab_size``) and
+``evaluate(model, task_cfg, out_dir, title)`` (write artifacts into out_dir, return flat metrics).
+Later tasks (pretrain, scrolls/*, passkey, ...) register here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from pipelines.utils import PipelineConfigError
+
+TASKS = {"addition": "pipelines.tasks.addition"}
+
+
+def get_task(name: str) -> ModuleType:
+    if name not in TASKS:
+        raise PipelineConfigError(f"task.name={name!r} is not a known task; choose one of {sorted(TASKS)}")
+    return importlib.import_module(TASKS[name])

@@ -1,0 +1,63 @@
+"""The addition task (tape-spec D.1): config checks, data module, grid evaluation + heatmap."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipelines.utils import PipelineConfigError, check_position_range, model_config
+from tape.data.addition import max_sequence_length
+from tape.lightning import AdditionDataModule
+from tape.metrics.arithmetic import evaluate_grid, summarize, write_grid_csv
+from tape.report.heatmap import plot_heatmap
+
+
+def validate(cfg: DictConfig) -> None:
+    """Every impossible addition setting, before anything trains."""
+    t = cfg.task
+    for key in ("max_digits", "eval_max_digits", "examples_per_cell", "batch_size", "val_examples"):
+        if int(t[key]) < 1:
+            raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
+    if t.eval_max_digits < t.max_digits:
+        raise PipelineConfigError(
+            f"task.eval_max_digits={t.eval_max_digits} is below task.max_digits={t.max_digits}; "
+            "the test grid must cover the training lengths (the paper uses 2 * max_digits)"
+        )
+    need = max_sequence_length(t.max_digits)
+    if t.seq_len < need:
+        raise PipelineConfigError(
+            f"task.seq_len={t.seq_len} cannot hold the longest training example: {need} tokens "
+            f"(3 * task.max_digits + 4, task.max_digits={t.max_digits}); set task.seq_len>={need}"
+        )
+    mc = model_config(cfg)
+    if mc.vocab_size < AdditionDataModule.vocab_size:
+        raise PipelineConfigError(
+            f"model.vocab_size={mc.vocab_size} is smaller than the addition vocabulary "
+            f"({AdditionDataModule.vocab_size}); leave it at ${{task.vocab_size}}"
+        )
+    check_position_range(mc, max_sequence_length(t.eval_max_digits), "task.eval_max_digits")
+
+
+def datamodule(cfg: DictConfig) -> AdditionDataModule:
+    t = cfg.task
+    return AdditionDataModule(
+        max_digits=t.max_digits, batch_size=t.batch_size, val_examples=t.val_examples, seed=cfg.seed
+    )
+
+
+def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
+    """Grid of [1..eval_max_digits]^2 -> grid.csv, heatmap.png and the summary metrics."""
+    t0 = time.perf_counter()
+    cells = evaluate_grid(
+        model, task_cfg.eval_max_digits, task_cfg.examples_per_cell, task_cfg.eval_seed,
+        batch_size=task_cfg.eval_batch_size,
+    )
+    metrics = summarize(cells, task_cfg.max_digits)
+    write_grid_csv(cells, out_dir / "grid.csv")
+    plot_heatmap(cells, task_cfg.max_digits, f"{title}: mean {metrics['mean_accuracy']:.2f}%",
+                 out_dir / "heatmap.png")
+    metrics["eval_time_s"] = time.perf_counter() - t0
+    return metrics

@@ -1,0 +1,103 @@
+"""Train (then evaluate) one run: ``python -m pipelines.train experiment=addition/cpu pe=tape``.
+
+Sweeps use Hydra's multirun: ``python -m pipelines.train -m experiment=addition/cpu
+pe=rope,randpe,nope,fire,tape seed=0,1,2``. Each run writes runs/<experiment>/<pe>/<seed>/
+<time>-<id>/ with config.yaml, command.txt, metrics.json, grid.csv, heatmap.png, checkpoints/.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import hydra
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from omegaconf import DictConfig
+
+from pipelines.tasks import get_task
+from pipelines.utils import (
+    check_trainer, claim_run_dir, instantiate_group, is_rank_zero, model_config,
+    resolve_ckpt_path, task_wrapper, unknown_choice, write_json_once,
+)
+from tape.lightning import CausalLMModule
+
+log = logging.getLogger("pipelines.train")
+
+
+def build_module(cfg: DictConfig) -> CausalLMModule:
+    o = cfg.optim
+    return CausalLMModule(
+        model=model_config(cfg).to_dict(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+        weight_decay=o.weight_decay, warmup_steps=o.warmup_steps, schedule=o.schedule,
+        min_lr_ratio=o.min_lr_ratio, total_steps=cfg.trainer.max_steps, seed=cfg.seed,
+    )
+
+
+@task_wrapper
+def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Check the config, train, evaluate on rank 0, write metrics.json; return the metrics."""
+    t_start = time.perf_counter()
+    run_dir = Path(cfg.paths.output_dir)
+    task = get_task(cfg.task.name)
+    check_trainer(cfg)
+    task.validate(cfg)  # every config error surfaces here, before any training
+    ckpt = resolve_ckpt_path(cfg, run_dir)
+    if is_rank_zero():
+        claim_run_dir(run_dir, cfg, "pipelines.train")
+
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = task.datamodule(cfg)
+    module = build_module(cfg)
+    loggers = instantiate_group(cfg.get("logger"))
+    callbacks = instantiate_group(cfg.get("callbacks")) + list(extra_callbacks)
+    if not loggers:  # LearningRateMonitor refuses to run without a logger
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False,
+                                                 callbacks=callbacks)
+    t_fit = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    train_time = time.perf_counter() - t_fit
+    if trainer.interrupted:
+        raise RuntimeError("training was interrupted; resume it with ckpt_path=last")
+    if not trainer.is_global_zero:
+        return {}
+
+    metrics: dict[str, Any] = {
+        "task": cfg.task.name, "pe": cfg.pe.name, "scale": cfg.scale, "seed": cfg.seed,
+        "experiment": cfg.experiment_name, "steps": trainer.global_step,
+        "n_params": module.model.num_parameters(), "train_time_s": train_time,
+        "resumed_from": str(ckpt) if ckpt else None,
+    }
+    metrics.update({k.replace("/", "_"): float(v) for k, v in trainer.callback_metrics.items()
+                    if k.startswith("val/")})
+    if cfg.evaluate:
+        model = module.model.to(trainer.strategy.root_device)
+        metrics.update(task.evaluate(model, cfg.task, run_dir, f"{cfg.pe.name} seed {cfg.seed}"))
+    metrics["wall_time_s"] = time.perf_counter() - t_start
+    for lg in trainer.loggers:
+        lg.log_metrics({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, float)},
+                       step=trainer.global_step)
+        if hasattr(lg, "log_image") and (run_dir / "heatmap.png").exists():
+            lg.log_image(key="eval/heatmap", images=[str(run_dir / "heatmap.png")])
+        lg.finalize("success")
+    write_json_once(run_dir / "metrics.json", metrics)
+    log.info("metrics: %s", {k: v for k, v in metrics.items() if "accuracy" in k})
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    """Hydra entry point; returns mean_accuracy for hyperparameter sweepers."""
+    torch.set_float32_matmul_precision("high")
+    return train(cfg).get("mean_accuracy")
+
+
+if __name__ == "__main__":
+    if message := unknown_choice(sys.argv[1:]):
+        sys.exit(message)
+    main()

@@ -1,0 +1,105 @@
+"""CausalLMModule: trains a DecoderLM on next-token loss restricted by a label mask.
+
+Batches are dicts with ``input_ids`` (B, N) and ``labels`` (B, N); labels equal to IGNORE_INDEX
+(prompt, padding) do not count. Randomness inside a training step (RandPE's random positions)
+is reseeded from (seed, rank, batch index) at every batch, so a run resumed from a checkpoint
+replays exactly what an uninterrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tape.data.addition import IGNORE_INDEX
+from tape.model import DecoderLM, ModelConfig
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate: linear warm-up, then constant or cosine decay to
+    ``min_ratio``."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule != "cosine":
+        raise ValueError(f"optim.schedule={schedule!r}; choose 'cosine' or 'constant'")
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class CausalLMModule(L.LightningModule):
+    """A DecoderLM with AdamW, warm-up + cosine schedule and masked next-token loss."""
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        warmup_steps: int = 0,
+        schedule: str = "cosine",
+        min_lr_ratio: float = 0.1,
+        total_steps: int = 1000,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()  # the checkpoint alone can rebuild the model
+        self.model = DecoderLM(ModelConfig.from_dict(dict(model)))
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return self.model(input_ids).logits  # (B, N, V)
+
+    def _scored(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """Logits (M, V) and targets (M,) of the M scored positions, and the (B, N-1) mask."""
+        logits = self(batch["input_ids"])[:, :-1]  # (B, N-1, V): position t predicts t+1
+        targets = batch["labels"][:, 1:]  # (B, N-1)
+        mask = targets != IGNORE_INDEX
+        return logits[mask], targets[mask], mask
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        self._reseed(int(batch["batch_index"]))
+        logits, targets, _ = self._scored(batch)
+        loss = F.cross_entropy(logits.float(), targets)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        logits, targets, mask = self._scored(batch)
+        b = batch["input_ids"].shape[0]
+        loss = F.cross_entropy(logits.float(), targets)
+        hits = logits.argmax(-1) == targets  # (M,)
+        # Teacher-forced argmax right on every answer token <=> greedy decoding gets it right.
+        per_row = torch.ones_like(mask).masked_scatter(mask, hits)  # (B, N-1)
+        exact = per_row.all(dim=1).float().mean()
+        self.log("val/loss", loss, prog_bar=True, batch_size=b, sync_dist=True)
+        self.log("val/token_accuracy", hits.float().mean(), batch_size=b, sync_dist=True)
+        self.log("val/exact_match", exact, prog_bar=True, batch_size=b, sync_dist=True)
+
+    def _reseed(self, batch_index: int) -> None:
+        """Seed torch's global RNG from (seed, rank, batch index): the step's randomness no
+        longer depends on how many steps this process has run (exact resume)."""
+        words = [self.hparams.seed, self.global_rank, batch_index]
+        torch.manual_seed(int(np.random.SeedSequence(words).generate_state(1)[0]))
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: lr_factor(step, hp.warmup_steps, hp.total_steps, hp.schedule, hp.min_lr_ratio),
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,154 @@
+"""The Hydra config tree: every preset composes and instantiates; bad input fails early, by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from omegaconf import OmegaConf, open_dict
+
+import tape.pe
+from conftest import CONF_DIR, compose_config
+from pipelines.tasks import addition, get_task
+from pipelines.train import build_module
+from pipelines.utils import (
+    PipelineConfigError, check_trainer, instantiate_group, model_config, unknown_choice,
+)
+from tape.model import ModelConfig
+
+PRESETS = sorted(
+    str(p.relative_to(CONF_DIR / "experiment").with_suffix(""))
+    for p in (CONF_DIR / "experiment").rglob("*.yaml")
+)
+
+
+def test_every_registered_pe_has_a_config_and_its_options_are_model_fields() -> None:
+    files = {p.stem for p in (CONF_DIR / "pe").glob("*.yaml")}
+    assert files == set(tape.pe.names())
+    fields = set(ModelConfig.__dataclass_fields__)
+    for name in files:
+        pe = OmegaConf.load(CONF_DIR / "pe" / f"{name}.yaml")
+        assert pe.name == name
+        assert set(pe) - {"name"} <= fields, name
+
+
+def test_addition_has_smoke_cpu_and_paper_presets() -> None:
+    assert {"addition/smoke", "addition/cpu", "addition/paper"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_composes_validates_and_instantiates(preset: str, tmp_path: Path) -> None:
+    """Each preset as written (sizes included) passes every check; its trainer, loggers and
+    callbacks instantiate once shrunk to CPU."""
+    cfg = compose_config("config", [f"experiment={preset}", "pe=tape"])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path)
+    assert cfg.experiment_name == preset and cfg.scale == preset.split("/")[-1]
+    check_trainer(cfg)
+    get_task(cfg.task.name).validate(cfg)
+    mc = model_config(cfg)
+    assert mc.pe == "tape" and mc.max_seq_len == cfg.task.seq_len
+    loggers = instantiate_group(cfg.logger)
+    assert {type(lg) for lg in loggers} == {CSVLogger, WandbLogger}  # default: CSV + W&B offline
+    assert cfg.logger.wandb.offline is True
+    assert any(isinstance(cb, ModelCheckpoint) for cb in instantiate_group(cfg.callbacks))
+    with open_dict(cfg):
+        cfg.trainer.accelerator, cfg.trainer.precision = "cpu", "32-true"
+    assert instantiate(cfg.trainer, logger=False).max_steps == cfg.trainer.max_steps
+
+
+def test_paper_preset_matches_the_spec() -> None:
+    cfg = compose_config("config", ["experiment=addition/paper"])
+    mc = model_config(cfg)
+    assert (mc.n_layers, mc.d_model, mc.n_heads) == (16, 1024, 16)
+    assert (cfg.task.max_digits, cfg.task.eval_max_digits, cfg.task.examples_per_cell) == (20, 40, 100)
+    assert cfg.task.batch_size * cfg.trainer.accumulate_grad_batches == 512
+    assert cfg.trainer.max_steps == 20000 and cfg.optim.lr == 1e-4
+    assert cfg.trainer.precision == "bf16-mixed"
+
+
+@pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "fsdp"])
+def test_trainer_presets_compose(trainer: str) -> None:
+    cfg = compose_config("config", ["experiment=addition/smoke", f"trainer={trainer}"])
+    assert cfg.trainer.max_steps == 6  # the preset's steps survive the hardware choice
+    if trainer == "fsdp":
+        strategy = instantiate(cfg.trainer.strategy)
+        from tape.model.decoder import Block
+
+        assert strategy.kwargs["auto_wrap_policy"] == [Block]  # one FSDP unit per decoder block
+
+
+def test_logger_choices() -> None:
+    online = compose_config("config", ["logger=wandb_online"])
+    assert online.logger.wandb.offline is False and "csv" in online.logger
+    assert set(compose_config("config", ["logger=csv"]).logger) == {"csv"}
+    assert not compose_config("config", ["logger=none"]).logger
+    tags = compose_config("config", ["experiment=addition/cpu", "pe=fire", "seed=3"]).logger.wandb
+    assert list(tags.tags) == ["task:addition", "pe:fire", "scale:cpu", "seed:3"]
+    assert tags.group == "addition/cpu" and tags.project == "tape-repro"
+
+
+def test_unknown_preset_lists_the_choices() -> None:
+    message = unknown_choice(["pe=tape", "experiment=addition/cpu,addition/huge"])
+    assert message.startswith("experiment=addition/huge: no such experiment config")
+    assert "addition/smoke" in message and "addition/cpu" in message and "addition/paper" in message
+    assert "rope" in unknown_choice(["pe=rotary"])
+    assert unknown_choice(["experiment=addition/cpu", "pe=rope,tape", "seed=1", "task.seq_len=4",
+                           "hydra.run.dir=x"]) is None
+    with pytest.raises(MissingConfigException):
+        compose_config("config", ["experiment=addition/huge"])  # Hydra alone would not list them
+    with pytest.raises(MissingConfigException) as err:
+        compose_config("config", ["pe=rotary"])
+    assert "rope" in str(err.value) and "tape" in str(err.value)
+
+
+def test_unknown_key_is_refused() -> None:
+    with pytest.raises(ConfigCompositionException, match="task.max_digit"):
+        compose_config("config", ["task.max_digit=5"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["task.seq_len=12"], "task.seq_len"),  # longest smoke example is 13 tokens
+        (["task.eval_max_digits=2"], "task.eval_max_digits"),
+        (["task.examples_per_cell=0"], "task.examples_per_cell"),
+        (["pe=randpe", "pe.randpe_max_position=20"], "pe.randpe_max_position"),
+        (["model.d_model=30"], "d_model"),
+        (["pe=rope", "model.n_heads=4", "model.d_model=36"], "head dim"),
+        (["trainer.val_check_interval=4"], "trainer.val_check_interval"),
+        (["trainer.accumulate_grad_batches=2"], "trainer.val_check_interval"),
+        (["model.vocab_size=10"], "model.vocab_size"),
+    ],
+)
+def test_impossible_combinations_fail_before_training_naming_the_key(
+    overrides: list[str], key: str
+) -> None:
+    cfg = compose_config("config", ["experiment=addition/smoke", *overrides])
+    with pytest.raises(PipelineConfigError, match=key.replace(".", r"\.")):
+        check_trainer(cfg)
+        addition.validate(cfg)
+
+
+def test_randpe_range_that_covers_the_grid_is_accepted() -> None:
+    cfg = compose_config("config", ["experiment=addition/smoke", "pe=randpe",
+                                    "pe.randpe_max_position=22"])
+    addition.validate(cfg)  # 3 * 6 + 4 = 22 positions for the 6-digit test grid
+
+
+def test_unknown_task_is_named() -> None:
+    with pytest.raises(PipelineConfigError, match="task.name='sorting'"):
+        get_task("sorting")
+
+
+def test_module_gets_the_composed_model_and_optimizer() -> None:
+    cfg = compose_config("config", ["experiment=addition/smoke", "pe=fire", "pe.fire_mlp_width=8",
+                                    "optim.lr=0.01"])
+    module = build_module(cfg)
+    assert module.model.cfg.pe == "fire" and module.model.cfg.fire_mlp_width == 8
+    assert module.model.cfg.vocab_size == 18 and module.hparams.lr == 0.01
+    assert module.hparams.total_steps == cfg.trainer.max_steps
