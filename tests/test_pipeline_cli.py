@@ -1,0 +1,71 @@
+"""The entry points as a user runs them (subprocesses): multirun, DDP on CPU, concurrent runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET = ["logger=csv", "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false",
+         "+trainer.enable_model_summary=false"]
+
+
+def run(args: list[str], root: Path, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "pipelines.train", *args, f"paths.root_dir={root}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, **kw)
+
+
+def runs_of(root: Path, pe: str = "rope") -> list[Path]:
+    return sorted(p for p in (root / "runs/addition/smoke" / pe / "0").iterdir())
+
+
+@pytest.mark.slow
+def test_multirun_gives_each_job_its_own_dir_and_survives_a_failed_job(tmp_path: Path) -> None:
+    # Three jobs with the same experiment, PE and seed, started in the same process and second;
+    # the middle one is impossible (seq_len 12 < 13 tokens) and must not stop the others.
+    out = run(["-m", "experiment=addition/smoke", "task.seq_len=16,12,20", *QUIET], tmp_path)
+    assert out.returncode != 0 and "task.seq_len=12" in out.stderr + out.stdout
+    dirs = runs_of(tmp_path)
+    assert len(dirs) == 3 and len({d.name for d in dirs}) == 3
+    assert [d.name.rsplit("-", 1)[1] for d in dirs] == ["0", "1", "2"]  # job numbers
+    done = [json.loads((d / "metrics.json").read_text()) for d in dirs if (d / "metrics.json").exists()]
+    assert len(done) == 2 and all(m["steps"] == 6 for m in done)
+    assert "(failed)" in out.stdout and out.stdout.count("run dir: ") == 3
+    assert len(list((tmp_path / "runs/multirun").glob("*/multirun.yaml"))) == 1
+    commands = sorted((d / "command.txt").read_text().splitlines()[0] for d in dirs
+                      if (d / "command.txt").exists())
+    assert commands[0].startswith("python -m pipelines.train ") and "-m" not in commands[0].split()[3:]
+    assert "task.seq_len=16" in commands[0] and "task.seq_len=20" in commands[1]
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(tmp_path: Path) -> None:
+    out = run(["experiment=addition/smoke", "trainer=ddp", "trainer.accelerator=cpu",
+               "trainer.devices=2", *QUIET], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    [run_dir] = runs_of(tmp_path)  # the second process wrote into rank 0's directory only
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 6 and 0 <= metrics["mean_accuracy"] <= 100
+    assert (run_dir / "train_ddp_process_1.log").exists()  # rank 1 really ran, here
+    assert out.stdout.count("run dir: ") == 1
+
+
+@pytest.mark.slow
+def test_runs_started_together_get_different_dirs(tmp_path: Path) -> None:
+    args = ["experiment=addition/smoke", "trainer.max_steps=3", "trainer.val_check_interval=3",
+            "evaluate=false", *QUIET]
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    cmd = [sys.executable, "-m", "pipelines.train", *args, f"paths.root_dir={tmp_path}"]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    dirs = runs_of(tmp_path)
+    assert len(dirs) == 2 and all((d / "metrics.json").is_file() for d in dirs)

@@ -1,0 +1,120 @@
+"""End-to-end smoke runs in-process: train + evaluate per PE, re-evaluation, exact resume,
+W&B offline, and run directories that are never shared or overwritten."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from omegaconf import OmegaConf, open_dict
+
+import tape.pe
+from conftest import compose_config
+from pipelines.evaluate import evaluate
+from pipelines.train import train
+from pipelines.utils import PipelineConfigError, claim_run_dir
+
+SUMMARY = ("mean_accuracy", "in_distribution_accuracy", "ood_accuracy")
+
+
+@pytest.mark.parametrize("pe", tape.pe.names())
+def test_smoke_train_and_evaluate(pe: str, make_cfg, capsys) -> None:
+    cfg = make_cfg(f"pe={pe}")
+    metrics = train(cfg)
+    run = Path(cfg.paths.output_dir)
+    assert f"run dir: {run}" in capsys.readouterr().out
+    saved = json.loads((run / "metrics.json").read_text())
+    assert saved["pe"] == pe and saved["scale"] == "smoke" and saved["steps"] == 6
+    for key in SUMMARY:
+        assert 0.0 <= saved[key] <= 100.0 and saved[key] == metrics[key]
+    with open(run / "grid.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6 * 6 and {int(r["n"]) for r in rows} == {2}
+    assert (run / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert list((run / "checkpoints").glob("best-step*.ckpt"))
+    assert OmegaConf.load(run / "config.yaml").pe.name == pe  # resolved config saved
+    assert (run / "command.txt").read_text().startswith("python -m pipelines.train ")
+
+
+def test_evaluate_reproduces_the_run_and_writes_beside_it(make_cfg, tmp_path: Path) -> None:
+    cfg = make_cfg("pe=rope", "logger=csv", "trainer.max_steps=30", "trainer.val_check_interval=15",
+                   "optim.lr=3e-3")
+    trained = train(cfg)
+    run = Path(cfg.paths.output_dir)
+    assert (run / "csv" / "metrics.csv").read_text().count("train/tokens_per_s") == 1
+
+    def run_eval(*overrides: str, name: str) -> dict:
+        ecfg = compose_config("evaluate", [f"run_dir={run}", *overrides])
+        with open_dict(ecfg):
+            ecfg.paths.output_dir = str(run / "eval" / name)
+        return evaluate(ecfg)
+
+    again = run_eval(name="a")
+    assert {k: again[k] for k in SUMMARY} == {k: trained[k] for k in SUMMARY}
+    assert again["steps"] == 30
+    more = run_eval("task.examples_per_cell=3", "ckpt=best", name="b")
+    assert more["n_examples"] == 36 * 3 and (run / "eval" / "b" / "heatmap.png").is_file()
+    assert json.loads((run / "metrics.json").read_text()) == json.loads(
+        json.dumps(trained))  # the run's own results are untouched
+    with pytest.raises(PipelineConfigError, match="run_dir="):
+        run_eval(name="c", *[f"run_dir={tmp_path / 'nope'}"])
+
+
+class Kill(Callback):
+    """Simulates a crash at the start of a given step (after the previous checkpoint)."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.at_step:
+            raise RuntimeError("simulated crash")
+
+
+def test_resume_equals_uninterrupted(make_cfg, tmp_path: Path) -> None:
+    """RandPE draws random positions every step: the resumed run must replay them exactly."""
+    common = ("pe=randpe", "trainer.max_steps=6", "trainer.val_check_interval=2")
+    full = train(make_cfg(*common, runs_dir=tmp_path / "other"))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*common, name="killed"), extra_callbacks=[Kill(at_step=4)])
+    killed = tmp_path / "runs/addition/smoke/randpe/0/killed"
+    assert not (killed / "metrics.json").exists()
+    assert torch.load(killed / "checkpoints/last.ckpt", weights_only=False)["global_step"] == 4
+    before = {p.name: p.stat().st_mtime_ns for p in (killed / "checkpoints").iterdir()}
+
+    resumed = train(make_cfg(*common, "ckpt_path=last", name="resumed"))
+    assert resumed["resumed_from"] == str(killed / "checkpoints/last.ckpt")
+    after = {p.name: p.stat().st_mtime_ns for p in (killed / "checkpoints").iterdir()}
+    assert after == before  # resuming writes to its own directory, never into the old run
+    for key in (*SUMMARY, "val_loss", "val_exact_match"):
+        assert resumed[key] == pytest.approx(full[key], rel=1e-6, abs=1e-9), key
+    a = torch.load(tmp_path / "other/addition/smoke/randpe/0/run/checkpoints/last.ckpt",
+                   weights_only=False)["state_dict"]
+    b = torch.load(tmp_path / "runs/addition/smoke/randpe/0/resumed/checkpoints/last.ckpt",
+                   weights_only=False)["state_dict"]
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    # A different PE's checkpoint is not "last" for this one.
+    with pytest.raises(PipelineConfigError, match="ckpt_path=last"):
+        train(make_cfg("pe=rope", "ckpt_path=last", name="x"))
+
+
+def test_default_logger_is_wandb_offline_plus_csv(make_cfg) -> None:
+    cfg = make_cfg("pe=nope", "logger=wandb", "evaluate=false")
+    train(cfg)
+    run = Path(cfg.paths.output_dir)
+    assert list((run / "wandb").glob("offline-run-*"))
+    assert (run / "csv" / "metrics.csv").is_file()
+
+
+def test_a_run_directory_is_never_shared_or_overwritten(make_cfg, capsys) -> None:
+    cfg = make_cfg("pe=rope", "evaluate=false")
+    claim_run_dir(Path(cfg.paths.output_dir), cfg, "pipelines.train")
+    with pytest.raises(PipelineConfigError, match="already belongs to another run"):
+        train(cfg)  # same directory as a run that claimed it
+    out = capsys.readouterr().out
+    assert "(failed)" in out and cfg.paths.output_dir in out  # printed even on failure
