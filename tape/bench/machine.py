@@ -79,8 +79,8 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def git_state(root: Path) -> dict[str, Any]:
-    """Commit and whether the tree had uncommitted changes (None when git is unavailable)."""
+def git_state(root: Path, paths: tuple[str, ...] = ("tape", "pipelines/benchmark.py", "conf/benchmark.yaml")) -> dict[str, Any]:
+    """Commit and whether the code the benchmark runs (``paths``) had uncommitted changes."""
     def git(*args: str) -> str | None:
         try:
             res = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
@@ -89,5 +89,5 @@ def git_state(root: Path) -> dict[str, Any]:
         return res.stdout.strip() if res.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    status = git("status", "--porcelain", "--untracked-files=no", "--", *paths)
     return {"commit": commit, "dirty": None if status is None else bool(status)}

@@ -74,7 +74,7 @@ def _op(res: dict[str, Any]) -> list[str]:
         body.append([
             _label(key), r["backend"], f"{r['flops'] / 1e9:.4g}",
             _time_cell(r["time_s"], 1e3, ".2f"), f"{r['it_per_s']:.1f}",
-            _f(vs.get("time"), ".2f"), _f(vs.get("flops"), ".2f"),
+            _f(vs.get("time"), ".2f"), _f(vs.get("time_min"), ".2f"), _f(vs.get("flops"), ".2f"),
             "" if paper is None else f"{paper['time_s'] * 1e3:.3f}",
         ])
     head = [
@@ -88,7 +88,7 @@ def _op(res: dict[str, Any]) -> list[str]:
         "",
     ]
     return head + _table(
-        ["variant", "backend", "GFLOP", "ms / call", "calls / s", "time / RoPE", "FLOPs / RoPE",
+        ["variant", "backend", "GFLOP", "ms / call", "calls / s", "time / RoPE", "fastest / RoPE's", "FLOPs / RoPE",
          "paper ms (A100)"], body)
 
 
@@ -111,7 +111,8 @@ def _train(res: dict[str, Any]) -> list[str]:
         body.append([
             _label(key), f"{r['params']:,}", f"{r['flops'] / 1e9:.4g}",
             _time_cell(r["time_s"], 1.0, ".3f"), f"{r['tokens_per_s']:,.0f}",
-            *mem_cells, _f(vs.get("time"), ".2f"), _f(vs.get("flops"), ".3f"), *mem_ratio,
+            *mem_cells, _f(vs.get("time"), ".2f"), _f(vs.get("time_min"), ".2f"),
+            _f(vs.get("flops"), ".3f"), *mem_ratio,
         ] + ([_f(None if r["mfu"] is None else 100 * r["mfu"], ".1f")] if sec["peak_bf16_flops"] else []))
     m = any_row["model"]
     head = [
@@ -125,7 +126,7 @@ def _train(res: dict[str, Any]) -> list[str]:
         "",
     ]
     header = (["variant", "params", "GFLOP", "s / step", "tokens / s"]
-              + [mem_names[k] for k in mem_keys] + ["time / RoPE", "FLOPs / RoPE"]
+              + [mem_names[k] for k in mem_keys] + ["time / RoPE", "fastest / RoPE's", "FLOPs / RoPE"]
               + [mem_names[k].split(" (")[0] + " / RoPE" for k in mem_keys]
               + (["MFU %"] if sec["peak_bf16_flops"] else []))
     return head + _table(header, body)
@@ -140,8 +141,7 @@ def _summary(res: dict[str, Any]) -> list[str]:
         e = s[section]
         cells = []
         for v in ("fused", "unfused"):
-            p = e[v]["time_paired"]
-            cells.append(f"{e[v]['time']:.2f} (paired {p['min']:.2f}-{p['max']:.2f})")
+            cells += [f"{e[v]['time']:.2f}", f"{e[v]['time_min']:.2f}"]
         paper = s["paper_table4"]
         paper_cells = ([f"{paper['fused']:.2f}", f"{paper['unfused']:.2f}"]
                        if section == "attention_op" else ["", ""])
@@ -152,19 +152,21 @@ def _summary(res: dict[str, Any]) -> list[str]:
                           ("rss_step_peak_bytes", "(b) memory: peak RSS of a step"),
                           ("cuda_peak_bytes", "(b) memory: CUDA peak of a step")):
             if key in e["fused"]["memory"]:
-                body.append([name, _f(e["fused"]["memory"][key], ".2f"),
-                             _f(e["unfused"]["memory"].get(key), ".2f"), "", "", ""])
+                body.append([name, _f(e["fused"]["memory"][key], ".2f"), "",
+                             _f(e["unfused"]["memory"].get(key), ".2f"), "", "", "", ""])
     head = [
         "## TAPE / RoPE",
         "",
-        "Ratios of medians within this run (in brackets: the range of the round-by-round ratios, "
-        "each round timing every variant back to back). Lower bound: TAPE's FLOPs over RoPE's for "
+        "Ratios within this run: of the medians, and of the fastest calls (the calls least "
+        "disturbed by other load on a shared machine; the JSON also holds the round-by-round "
+        "ratios). Memory rows hold their one measurement in the median columns. Lower bound: TAPE's FLOPs over RoPE's for "
         "the measured configuration, counting A·V and A·E with one QKᵀ (the least work exact "
         "TAPE needs); a FLOP-bound kernel cannot do better. The paper columns are **the paper's** "
         "Table 4 ratios (A100, fused Triton kernel).",
         "",
     ]
-    return head + _table(["", "fused", "unfused", "FLOP lower bound", "paper fused", "paper unfused"], body)
+    return head + _table(["", "fused: median", "fused: fastest", "unfused: median", "unfused: fastest",
+                          "FLOP lower bound", "paper fused", "paper unfused"], body)
 
 
 def render_markdown(res: dict[str, Any], notes: list[str] | None = None) -> str:
@@ -180,6 +182,9 @@ def render_markdown(res: dict[str, Any], notes: list[str] | None = None) -> str:
         "",
         f"- Machine: {mach.get('gpu', mach['cpu'])}; {mach['cpu_count']} CPU cores, torch threads "
         f"{mach['torch_threads']}, {mach['memory_gib']} GiB RAM; {mach['os']}.",
+        f"- 1-minute load average at the start and end of the run: "
+        f"{mach.get('load_average_1min', {}).get('start')} / {mach.get('load_average_1min', {}).get('end')}"
+        f" (other jobs on the machine disturb timings; compare the fastest-call columns).",
         "- Libraries: " + ", ".join(f"{k} {v}" for k, v in ver.items()) + ".",
     ]
     git = res.get("git")

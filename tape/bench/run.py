@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -87,6 +88,14 @@ def _device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device={name!r}; choose cpu or cuda")
     return device
+
+
+def _load_average() -> float | None:
+    """1-minute load average (other jobs on a shared machine disturb timings)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -186,6 +195,7 @@ def _add_ratios(section: dict[str, Any], ref: str = "rope") -> None:
     for label, row in rows.items():
         row["vs_rope"] = {
             "time": row["time_s"]["median_s"] / r["time_s"]["median_s"],
+            "time_min": row["time_s"]["min_s"] / r["time_s"]["min_s"],  # least disturbed calls
             "time_paired": paired_ratio(timings[label], timings[ref]),
             "flops": _ratio(row["flops"], r["flops"]),
             "memory": {k: _ratio(row["memory"][k], r["memory"].get(k)) for k in _memory_keys(row)},
@@ -216,6 +226,7 @@ def run_benchmark(settings: BenchSettings, log: Callable[[str], None] = print) -
         torch.set_num_threads(int(settings.threads))
     op_dtype, autocast = _dtypes(settings, device)
     variants = make_variants(settings.pes)
+    load_start = _load_average()
     result: dict[str, Any] = {
         "settings": asdict(settings),
         "machine": machine_info(device),
@@ -229,5 +240,6 @@ def run_benchmark(settings: BenchSettings, log: Callable[[str], None] = print) -
     for section in ("attention_op", "train_step"):
         _add_ratios(result[section])
     result["tape_vs_rope"] = _tape_summary(result)
+    result["machine"]["load_average_1min"] = {"start": load_start, "end": _load_average()}
     result["paper"] = {"table3": paper_numbers.TABLE3, "table4": paper_numbers.TABLE4}
     return result
