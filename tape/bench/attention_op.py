@@ -58,7 +58,6 @@ def build_attention_op(
 
     Layer 0 stands for every layer but the last (``cfg.n_layers`` must be >= 2 for TAPE to
     update E: its last layer only rotates)."""
-    gen_device = device if device.type != "meta" else torch.device("cpu")
     torch.manual_seed(seed)
     pe = pe_registry.build(cfg).to(device)
     layer = pe.make_layer(0).to(device)
@@ -73,7 +72,7 @@ def build_attention_op(
     def rand(*shape: int) -> Tensor:
         if device.type == "meta":
             return torch.empty(*shape, device=device, dtype=dtype)
-        return torch.randn(*shape, device=gen_device, dtype=dtype).to(device)
+        return torch.randn(*shape, device=device, dtype=dtype)
 
     pos = torch.arange(seq_len, device=device).expand(batch, seq_len)  # (B, N)
     state = pe.make_state(pos, pos, dtype)

@@ -247,6 +247,12 @@ def default_notes(res: dict[str, Any]) -> list[str]:
             "allocated before it (other variants' weights stay resident). Saved-for-backward bytes "
             "as on CPU. MFU uses the forward+backward FLOP count and the GPU's dense bf16 peak; "
             "GPUs not in the table get no MFU.")
+        notes.append(
+            "**CUDA attention kernels.** With flash-attn installed, `backend=auto` gives RoPE and "
+            "TAPE one FlashAttention-2 call per value tensor (it wants V as wide as q and k), so "
+            "TAPE fused and unfused run the same schedule there; `backend=sdpa` compares PyTorch's "
+            "kernels on one [V | E] call against two calls. FIRE and T5 always run SDPA with a "
+            "materialised float bias, as in the paper.")
     else:
         notes.append(
             "**Memory (CPU).** torch has no CPU allocator statistics, so two labelled measures: "
