@@ -110,11 +110,31 @@ def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
         run(compose_benchmark("scale=tiny", "device=cuda", f"output_dir={tmp_path}"), [])
 
 
-def test_tiny_run_writes_well_formed_markdown_and_json(tmp_path):
+def assert_tables_well_formed(md: str) -> None:
+    """Every markdown table has a header, a rule and rows, all with the same number of cells."""
+    widths: list[int] = []
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            assert line.endswith("|")
+            widths.append(line.count("|"))
+        elif widths:
+            assert len(set(widths)) == 1 and len(widths) >= 3, widths
+            widths = []
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One tiny benchmark run through the pipeline: (output dir, overrides)."""
     from pipelines.benchmark import run
 
-    overrides = ["scale=tiny", f"output_dir={tmp_path}"]
+    out = tmp_path_factory.mktemp("bench")
+    overrides = ["scale=tiny", f"output_dir={out}"]
     run(compose_benchmark(*overrides), overrides)
+    return out, overrides
+
+
+def test_tiny_run_writes_well_formed_markdown_and_json(tiny_run):
+    tmp_path, overrides = tiny_run
     res = json.loads((tmp_path / "efficiency.json").read_text())
     assert res["command"] == "python -m pipelines.benchmark " + " ".join(overrides)
     assert {"machine", "versions", "git", "settings", "created_utc"} <= set(res)
@@ -144,14 +164,28 @@ def test_tiny_run_writes_well_formed_markdown_and_json(tmp_path):
     for name in ("TAPE fused", "TAPE unfused", "RoPE", "FIRE", "T5 bias", "ALiBi", "xPos", "RandPE", "NoPE"):
         assert f"| {name} |" in md
     assert res["command"] in md and "not run for this file" in md
-    widths: list[int] = []  # every row of a table has as many cells as its header
-    for line in md.splitlines() + [""]:
-        if line.startswith("|"):
-            assert line.endswith("|")
-            widths.append(line.count("|"))
-        elif widths:
-            assert len(set(widths)) == 1 and len(widths) >= 3, widths
-            widths = []
+    assert_tables_well_formed(md)
+
+
+def test_cuda_results_render_with_memory_and_mfu_columns(tiny_run):
+    """The CUDA-only fields (peak allocated, MFU) render into well-formed tables (no GPU needed)."""
+    from tape.bench.render import default_notes, render_markdown
+
+    res = json.loads((tiny_run[0] / "efficiency.json").read_text())
+    res["settings"]["device"] = "cuda"
+    res["machine"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    res["train_step"]["peak_bf16_flops"] = 989.4e12
+    for section in ("attention_op", "train_step"):
+        for i, row in enumerate(res[section]["rows"].values()):
+            row.setdefault("memory", {})["cuda_peak_bytes"] = 2**20 * (i + 1)
+            row["vs_rope"]["memory"]["cuda_peak_bytes"] = (i + 1) / 3
+            row["mfu"] = 0.25
+    res["tape_vs_rope"]["attention_op"]["fused"]["memory"]["cuda_peak_bytes"] = 1.1
+    res["tape_vs_rope"]["attention_op"]["unfused"]["memory"]["cuda_peak_bytes"] = 1.2
+    md = render_markdown(res, default_notes(res))
+    assert "CUDA peak (MiB)" in md and "MFU %" in md and "(a) memory: CUDA peak" in md
+    assert "not run for this file" not in md
+    assert_tables_well_formed(md)
 
 
 def test_the_command_line_entry_point_runs(tmp_path):

@@ -67,6 +67,7 @@ def _table3(res: dict[str, Any]) -> list[str]:
 def _op(res: dict[str, Any]) -> list[str]:
     sec = res["attention_op"]
     c = sec["config"]
+    on_cuda = "memory" in next(iter(sec["rows"].values()))
     body = []
     for key, r in sec["rows"].items():
         vs = r.get("vs_rope", {})
@@ -76,7 +77,8 @@ def _op(res: dict[str, Any]) -> list[str]:
             _time_cell(r["time_s"], 1e3, ".2f"), f"{r['it_per_s']:.1f}",
             _f(vs.get("time"), ".2f"), _f(vs.get("time_min"), ".2f"), _f(vs.get("flops"), ".2f"),
             "" if paper is None else f"{paper['time_s'] * 1e3:.3f}",
-        ])
+        ] + ([f"{r['memory']['cuda_peak_bytes'] / MIB:.1f}", _f(vs.get("memory", {}).get("cuda_peak_bytes"), ".2f")]
+             if on_cuda else []))
     head = [
         "## (a) Attention operator, one layer, forward",
         "",
@@ -89,7 +91,7 @@ def _op(res: dict[str, Any]) -> list[str]:
     ]
     return head + _table(
         ["variant", "backend", "GFLOP", "ms / call", "calls / s", "time / RoPE", "fastest / RoPE's", "FLOPs / RoPE",
-         "paper ms (A100)"], body)
+         "paper ms (A100)"] + (["CUDA peak (MiB)", "CUDA peak / RoPE"] if on_cuda else []), body)
 
 
 def _train(res: dict[str, Any]) -> list[str]:
@@ -146,11 +148,13 @@ def _summary(res: dict[str, Any]) -> list[str]:
         paper_cells = ([f"{paper['fused']:.2f}", f"{paper['unfused']:.2f}"]
                        if section == "attention_op" else ["", ""])
         body.append([name, *cells, f"{e['flop_lower_bound']:.3f}", *paper_cells])
-    if "train_step" in s:
-        e = s["train_step"]
-        for key, name in (("saved_activation_bytes", "(b) memory: saved for backward"),
-                          ("rss_step_peak_bytes", "(b) memory: peak RSS of a step"),
-                          ("cuda_peak_bytes", "(b) memory: CUDA peak of a step")):
+    for section, tag in (("attention_op", "(a)"), ("train_step", "(b)")):
+        if section not in s:
+            continue
+        e = s[section]
+        for key, name in (("saved_activation_bytes", f"{tag} memory: saved for backward"),
+                          ("rss_step_peak_bytes", f"{tag} memory: peak RSS of a step"),
+                          ("cuda_peak_bytes", f"{tag} memory: CUDA peak")):
             if key in e["fused"]["memory"]:
                 body.append([name, _f(e["fused"]["memory"][key], ".2f"), "",
                              _f(e["unfused"]["memory"].get(key), ".2f"), "", "", "", ""])

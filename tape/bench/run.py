@@ -116,7 +116,11 @@ def _table3(variants: list[Variant], s: BenchSettings, log: Callable[[str], None
     return {"model": base.to_dict(), "batch": s.table3_batch, "seq_len": s.table3_seq_len, "rows": rows}
 
 
-def _op_bench(variants, s: BenchSettings, device, dtype, log) -> dict[str, Any]:
+def _op_bench(
+    variants: list[Variant], s: BenchSettings, device: torch.device, dtype: torch.dtype,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """(a) FLOPs (meta device) and interleaved forward timings of each variant's attention op."""
     o = s.op
     # Two layers so that layer 0 is not the last one: TAPE's last layer has no E updates.
     base = ModelConfig(vocab_size=8, n_layers=2, d_model=o.d_model, n_heads=o.n_heads,
@@ -143,7 +147,11 @@ def _op_bench(variants, s: BenchSettings, device, dtype, log) -> dict[str, Any]:
             "_timings": timings}
 
 
-def _train_bench(variants, s: BenchSettings, device, autocast, log) -> dict[str, Any]:
+def _train_bench(
+    variants: list[Variant], s: BenchSettings, device: torch.device,
+    autocast: torch.dtype | None, log: Callable[[str], None],
+) -> dict[str, Any]:
+    """(b) FLOPs, interleaved timings and memory of a full training step per variant."""
     t = s.train
     base = ModelConfig(vocab_size=t.vocab_size, n_layers=t.n_layers, d_model=t.d_model,
                        n_heads=t.n_heads, n_kv_heads=t.n_kv_heads, d_ff=t.d_ff,
