@@ -127,7 +127,7 @@ def test_fused_equals_unfused_on_every_backend(dtype, kv):
     ids = torch.randint(0, 37, (2, 17), generator=torch.Generator().manual_seed(7))
     results = {}
     for backend in ("eager", "sdpa"):
-        for fused in (True, False):
+        for fused in (True, False, None):
             model = tiny_model("tape", dtype=dtype, n_layers=3, n_kv_heads=kv,
                                attn_backend=backend, tape_fused=fused).train()
             logits = model(ids).logits

@@ -34,7 +34,7 @@ DEFAULT_TAPE_OPTIONS: dict[str, Any] = {
     "zero_init": "w1",
     "attn_update": True,
     "mlp_update": True,
-    "fused": True,
+    "fused": None,  # None = auto, see ModelConfig.tape_fused
     "attn_backend": "auto",
 }
 

@@ -4,7 +4,8 @@
 applied to extra value rows E. How it gets A·V and A·E depends on the backend:
 - eager: A is materialised once and multiplied by V and E (truly fused);
 - SDPA: ``fuse=True`` concatenates [V | E] into one call; ``fuse=False`` makes two calls of equal
-  width (on CPU a wider value drops SDPA to its math kernel, so two calls are faster there);
+  width; ``fuse=None`` (auto) makes one call except on CPU, where a wider value drops SDPA to
+  its math kernel, so two calls are faster there;
 - flash-attn (CUDA, fp16/bf16, no arbitrary bias or padding mask): one call per value tensor,
   since FlashAttention-2 wants the value head dim equal to the query's.
 All paths are exact; tests check that they agree.
@@ -126,7 +127,7 @@ def attend(
     bias: Tensor | None = None,
     alibi_slopes: Tensor | None = None,
     backend: Backend = "auto",
-    fuse: bool = True,
+    fuse: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Causal attention. q: (B, H, Nq, d); k, v: (B, Hkv, Nk, d); extra: (B, Hkv, Nk, de).
 
@@ -139,6 +140,8 @@ def attend(
     is_causal = mask is None and q.shape[-2] == k.shape[-2] and q.shape[-2] > 1
     chosen = pick_backend(backend, q, mask, bias, alibi_slopes is not None)
     values = [v] if extra is None else [v, extra]
+    if fuse is None:
+        fuse = q.is_cuda
 
     if chosen == "eager":
         outs = _eager(q, k, values, mask, bias, is_causal, scale)

@@ -70,9 +70,11 @@ class ModelConfig:
     """Update E with the attention weights (A·E). Off = the 'FF only' ablation."""
     tape_mlp_update: bool = True
     """Update E with the token-gated PE-MLP. Off = the 'attention only' ablation."""
-    tape_fused: bool = True
-    """Compute A·V and A·E in one attention call with [V | E] as values; False = two calls of
-    equal width (on CPU SDPA this is faster, see the benchmark). Both are exact."""
+    tape_fused: bool | None = None
+    """How A·V and A·E are computed. True: one attention call with [V | E] as values (one QKᵀ).
+    False: two calls of equal width. None (auto): one call, except on CPU SDPA, whose fast
+    kernel needs V as wide as q and k, so two calls are faster there (results/efficiency.md).
+    flash-attn always takes two calls (it wants equal widths). All are exact."""
 
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form metadata carried with checkpoints (ignored by the model)."""

@@ -85,7 +85,7 @@ def attention_forward(
     layer_idx: int,
     heads: tuple[int, int, int],
     backend: str = "auto",
-    fuse: bool = True,
+    fuse: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Self-attention through the PE hooks for any module with q/k/v/o_proj (ours or HF Llama's).
     heads = (n_heads, n_kv_heads, head_dim). Returns (output (B, N, C), A·extra or None)."""
