@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -59,6 +60,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False,
                                                  callbacks=callbacks)
+    if ckpt is not None:  # a resumed run checkpoints into its own directory, by design
+        warnings.filterwarnings("ignore", message="The dirpath has changed from")
     t_fit = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
     train_time = time.perf_counter() - t_fit

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from tape.model import ConfigError, ModelConfig
 
@@ -225,10 +225,3 @@ def resolve_ckpt_path(cfg: DictConfig, run_dir: Path) -> Path | None:
             f"ckpt_path={value}: {path} does not exist; pass last, a run directory or a .ckpt file"
         )
     return path
-
-
-def set_keys(cfg: DictConfig, values: dict[str, Any]) -> None:
-    """Set dotted keys on a config that may be in struct mode (tests and pipelines)."""
-    with open_dict(cfg):
-        for key, value in values.items():
-            OmegaConf.update(cfg, key, value, merge=False)

@@ -103,12 +103,18 @@ def test_resume_equals_uninterrupted(make_cfg, tmp_path: Path) -> None:
         train(make_cfg("pe=rope", "ckpt_path=last", name="x"))
 
 
-def test_default_logger_is_wandb_offline_plus_csv(make_cfg) -> None:
+def test_default_logger_is_wandb_offline_plus_csv_and_is_closed_on_failure(make_cfg) -> None:
+    import wandb
+
     cfg = make_cfg("pe=nope", "logger=wandb", "evaluate=false")
     train(cfg)
     run = Path(cfg.paths.output_dir)
     assert list((run / "wandb").glob("offline-run-*"))
     assert (run / "csv" / "metrics.csv").is_file()
+    assert wandb.run is None
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg("pe=nope", "logger=wandb", name="crash"), extra_callbacks=[Kill(at_step=1)])
+    assert wandb.run is None  # a failed sweep job leaves no W&B run open for the next one
 
 
 def test_a_run_directory_is_never_shared_or_overwritten(make_cfg, capsys) -> None:
