@@ -29,6 +29,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 RUN_ID = secrets.token_hex(3)
 if not OmegaConf.has_resolver("run_id"):
     OmegaConf.register_new_resolver("run_id", lambda: RUN_ID)
+# The launch directory. Not ${hydra:runtime.cwd}: the multirun sweep dir is resolved before
+# Hydra's runtime config exists.
+if not OmegaConf.has_resolver("cwd"):
+    OmegaConf.register_new_resolver("cwd", os.getcwd)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 RUN_CLAIM = "command.txt"  # created exclusively: the run directory belongs to this run only

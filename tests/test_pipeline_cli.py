@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logger=csv", "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false",
          "+trainer.enable_model_summary=false"]
 
 
-def run(args: list[str], root: Path, **kw) -> subprocess.CompletedProcess:
+def run(args: list[str], root: Path) -> subprocess.CompletedProcess:
+    """Run the entry point as a user would, from ``root`` (outputs go to root/runs)."""
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "pipelines.train", *args, f"paths.root_dir={root}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, **kw)
+    return subprocess.run([sys.executable, "-m", "pipelines.train", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 def runs_of(root: Path, pe: str = "rope") -> list[Path]:
@@ -61,8 +61,8 @@ def test_runs_started_together_get_different_dirs(tmp_path: Path) -> None:
     args = ["experiment=addition/smoke", "trainer.max_steps=3", "trainer.val_check_interval=3",
             "evaluate=false", *QUIET]
     env = {**os.environ, "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", "pipelines.train", *args, f"paths.root_dir={tmp_path}"]
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+    cmd = [sys.executable, "-m", "pipelines.train", *args]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in procs:
         _, err = p.communicate(timeout=300)
