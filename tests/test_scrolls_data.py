@@ -216,6 +216,33 @@ def test_no_data_dir_and_no_hub_fails_at_once(tmp_path: Path, monkeypatch: pytes
     assert time.perf_counter() - start < 10
 
 
+def test_an_unreachable_hub_only_checks_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    import huggingface_hub
+
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy",
+                "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+    def no_network(*args: object, **kw: object) -> None:
+        raise OSError("Name or service not known")
+
+    seen: list[object] = []
+
+    def cache_only(repo_id: str, filename: str, **kw: object) -> str:
+        seen.append(kw["local_files_only"])
+        raise FileNotFoundError("not in the local cache")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cache_only)
+    with pytest.raises(ScrollsDataError, match="hub unreachable: only the hub cache was checked"):
+        load_scrolls("qmsum", None, cache_dir=tmp_path)
+    assert seen == [True]  # no download with its ~25 s of retries
+
+
 def make_hub_zip(path: Path, task: str, members: dict[str, Path]) -> Path:
     """A zip laid out like tau/scrolls' <task>.zip: <task>/<split>.jsonl."""
     path.parent.mkdir(parents=True, exist_ok=True)

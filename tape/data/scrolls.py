@@ -46,10 +46,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from urllib.parse import urlparse
 
 import torch
 from torch import Tensor
@@ -295,6 +297,22 @@ def _hub_offline() -> bool:
     return any(f.upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP connect to the hub endpoint, so that no network fails in seconds rather than
+    after the hub client's retries (about 25 s). Assumed reachable behind a proxy."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def extract_members(zip_path: Path, task: str, splits: Sequence[str], out_dir: Path) -> dict[str, Path]:
     """Extract ``<task>/<split>.jsonl`` from a hub zip into ``out_dir`` (skipped when already
     there with the right size); ScrollsDataError if the zip lacks a member."""
@@ -324,20 +342,23 @@ def hub_files(
     hub_cache_dir: str | os.PathLike | None = None,
     extract_dir: str | os.PathLike | None = None,
 ) -> dict[str, Path]:
-    """Download ``<task>.zip`` from tau/scrolls (or take it from the hub cache) and extract the
-    splits; ScrollsDataError at once when neither the hub nor the cache has it."""
-    from huggingface_hub import hf_hub_download
+    """Download ``<task>.zip`` from tau/scrolls (offline or unreachable: take it from the hub
+    cache) and extract the splits; ScrollsDataError at once when neither has it."""
+    import huggingface_hub
 
+    online = not _hub_offline() and _hub_reachable()
     try:
         zip_path = Path(
-            hf_hub_download(
+            huggingface_hub.hf_hub_download(
                 HUB_REPO, f"{task}.zip", repo_type="dataset", revision=revision,
-                cache_dir=hub_cache_dir, local_files_only=_hub_offline(),
+                cache_dir=hub_cache_dir, local_files_only=not online,
             )
         )
-    except Exception as err:  # offline, no network, not cached, or a hub error: all mean "no data"
+    except Exception as err:  # not cached, or a hub error: either way there is no data
+        where = "" if online else " (offline or hub unreachable: only the hub cache was checked)"
         raise _unavailable(
-            task, f"Could not fetch {HUB_REPO}/{task}.zip@{revision}: {type(err).__name__}: {err}"
+            task, f"Could not fetch {HUB_REPO}/{task}.zip@{revision}{where}: "
+            f"{type(err).__name__}: {err}"
         ) from err
     if extract_dir is None:
         import datasets
