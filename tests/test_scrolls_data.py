@@ -138,8 +138,10 @@ def test_loss_mask_covers_exactly_the_answer_and_eos() -> None:
 def test_answers_are_cut_before_eos() -> None:
     long_answer = "abcdefghijklmnopqrstuvwxyz"
     assert answer_ids("narrative_qa", long_answer, encode, EOS, SMALL) == encode("abcdefgh") + [EOS]
-    assert answer_ids("gov_report", long_answer, encode, EOS, SMALL) == encode(long_answer[:12]) + [EOS]
-    assert answer_ids("qasper", "Red", encode, EOS, SMALL, answer_prefix=" ") == encode(" Red") + [EOS]
+    summary = answer_ids("gov_report", long_answer, encode, EOS, SMALL)
+    assert summary == encode(long_answer[:12]) + [EOS]
+    spaced = answer_ids("qasper", "Red", encode, EOS, SMALL, answer_prefix=" ")
+    assert spaced == encode(" Red") + [EOS]
     row = training_row("gov_report", "Rain fell. " * 30, long_answer, encode, bos_id=BOS,
                        eos_id=EOS, pad_id=PAD, lengths=SMALL)
     start = SMALL.summary_head + SMALL.summary_tail  # the prompt was cut to head + tail
@@ -204,7 +206,9 @@ def test_missing_local_files_name_the_key_and_the_fix(tmp_path: Path) -> None:
         assert needle in text
 
 
-def test_no_data_dir_and_no_hub_fails_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_data_dir_and_no_hub_fails_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
     for data_dir in (None, ""):
@@ -252,12 +256,14 @@ def make_hub_zip(path: Path, task: str, members: dict[str, Path]) -> Path:
     return path
 
 
-def test_hub_zip_is_read_without_a_loading_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hub_zip_is_read_without_a_loading_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import huggingface_hub
 
     snapshot = tmp_path / "hub" / "snapshots" / "c0ffee"  # the hub cache names it after the commit
-    zip_path = make_hub_zip(snapshot / "qasper.zip", "qasper",
-                            {s: FIXTURES / "qasper" / f"{s}.jsonl" for s in ("train", "validation")})
+    members = {s: FIXTURES / "qasper" / f"{s}.jsonl" for s in ("train", "validation")}
+    zip_path = make_hub_zip(snapshot / "qasper.zip", "qasper", members)
     calls = []
 
     def fake_download(repo_id: str, filename: str, **kw: object) -> str:
@@ -277,8 +283,10 @@ def test_hub_zip_is_read_without_a_loading_script(tmp_path: Path, monkeypatch: p
 
 def test_rows_without_the_scrolls_fields_are_refused(tmp_path: Path) -> None:
     (tmp_path / "qasper").mkdir()
-    (tmp_path / "qasper" / "validation.jsonl").write_text(json.dumps({"id": "x", "text": "y"}) + "\n")
-    with pytest.raises(ScrollsDataError, match=r"lacks the field\(s\) \['pid', 'input', 'output'\]"):
+    row = json.dumps({"id": "x", "text": "y"})
+    (tmp_path / "qasper" / "validation.jsonl").write_text(row + "\n")
+    lacking = r"lacks the field\(s\) \['pid', 'input', 'output'\]"
+    with pytest.raises(ScrollsDataError, match=lacking):
         load_scrolls("qasper", tmp_path, splits=("validation",), cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="unknown SCROLLS split"):
         load_scrolls("qasper", tmp_path, splits=("dev",))

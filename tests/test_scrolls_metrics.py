@@ -72,7 +72,8 @@ def test_task_f1_is_the_mean_of_the_per_example_best() -> None:
 def test_rouge_on_a_tiny_pair_by_hand() -> None:
     # prediction [a, cat, sat], reference [the, cat, sat, down] (rouge-score keeps articles)
     # R1: 2 shared unigrams, P = 2/3, R = 2/4 -> F = 4/7
-    # R2: bigrams {a cat, cat sat} vs {the cat, cat sat, sat down}: 1 shared, P = 1/2, R = 1/3 -> 2/5
+    # R2: bigrams {a cat, cat sat} vs {the cat, cat sat, sat down}: 1 shared,
+    #     P = 1/2, R = 1/3 -> 2/5
     # RL: LCS [cat, sat] = 2, P = 2/3, R = 2/4 -> 4/7
     r = rouge("a cat sat", "the cat sat down")
     assert r == pytest.approx({"rouge1": 4 / 7, "rouge2": 2 / 5, "rougeL": 4 / 7})
@@ -145,7 +146,8 @@ def test_verify_reports_missing_extra_and_non_string_ids() -> None:
     assert "1 reference id(s) have no prediction: q2" in text
     assert "not in the references: zz" in text
     assert verify({"q1": "a", "q2": "b", "q3": "c"}, REFS).ok
-    assert verify(["Paris"], REFS).errors() == ['predictions must be one JSON object {"id": "prediction", ...}']
+    assert verify(["Paris"], REFS).errors() == [
+        'predictions must be one JSON object {"id": "prediction", ...}']
 
 
 def test_duplicate_ids_in_the_file_are_found(tmp_path: Path) -> None:

@@ -313,7 +313,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def extract_members(zip_path: Path, task: str, splits: Sequence[str], out_dir: Path) -> dict[str, Path]:
+def extract_members(
+    zip_path: Path, task: str, splits: Sequence[str], out_dir: Path
+) -> dict[str, Path]:
     """Extract ``<task>/<split>.jsonl`` from a hub zip into ``out_dir`` (skipped when already
     there with the right size); ScrollsDataError if the zip lacks a member."""
     files: dict[str, Path] = {}

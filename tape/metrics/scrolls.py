@@ -146,16 +146,13 @@ class Verification:
 
         if self.not_an_object:
             return ['predictions must be one JSON object {"id": "prediction", ...}']
-        lines = []
-        if self.missing:
-            lines.append(f"{len(self.missing)} reference id(s) have no prediction: {some(self.missing)}")
-        if self.extra:
-            lines.append(f"{len(self.extra)} predicted id(s) are not in the references: {some(self.extra)}")
-        if self.duplicates:
-            lines.append(f"{len(self.duplicates)} id(s) are predicted more than once: {some(self.duplicates)}")
-        if self.not_strings:
-            lines.append(f"{len(self.not_strings)} prediction(s) are not strings: {some(self.not_strings)}")
-        return lines
+        problems = (
+            (self.missing, "reference id(s) have no prediction"),
+            (self.extra, "predicted id(s) are not in the references"),
+            (self.duplicates, "id(s) are predicted more than once"),
+            (self.not_strings, "prediction(s) are not strings"),
+        )
+        return [f"{len(ids)} {what}: {some(ids)}" for ids, what in problems if ids]
 
 
 def verify(
@@ -173,7 +170,7 @@ def verify(
 
 
 def read_predictions(path: str | Path) -> tuple[Any, list[str]]:
-    """The predictions JSON and the keys it repeats (plain ``json.load`` keeps the last silently)."""
+    """The predictions JSON and the keys it repeats (``json.load`` keeps the last one silently)."""
     repeated: list[str] = []
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
