@@ -79,10 +79,13 @@ class TAPELayer(LayerPE):
     def after_mlp(self, state: PositionState, mlp_out: Tensor) -> PositionState:
         if self.x_proj is None:
             return state
-        gate = F.silu(self.x_proj(mlp_out))  # (B, N, I)
-        e = state.rot.permute(0, 2, 3, 1)  # (B, N, d, He)
-        u = self.w1(e) * gate[:, :, None, :]  # (B, N, d, I): gate per (token, channel i)
-        delta = self.w2(u).permute(0, 3, 1, 2)  # (B, He, N, d)
+        gate = F.silu(self.x_proj(mlp_out)).transpose(1, 2)[..., None]  # (B, I, N, 1)
+        e = state.rot  # (B, He, N, d)
+        b, he, n, d = e.shape
+        # Two matmuls over the head axis in E's own layout (no permute copies).
+        u = torch.matmul(self.w1.weight, e.reshape(b, he, n * d)).view(b, -1, n, d)  # (B, I, N, d)
+        u = u * gate  # gate per (token, channel i), shared over d
+        delta = torch.matmul(self.w2.weight, u.reshape(b, -1, n * d)).view(b, he, n, d)
         return state.with_rot(state.rot + delta)
 
     def init_weights(self, std: float) -> None:
