@@ -60,10 +60,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False,
                                                  callbacks=callbacks)
-    if ckpt is not None:  # a resumed run checkpoints into its own directory, by design
-        warnings.filterwarnings("ignore", message="The dirpath has changed from")
     t_fit = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    with warnings.catch_warnings():  # a resumed run checkpoints into its own directory, by design
+        warnings.filterwarnings("ignore", message="The dirpath has changed from")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
     train_time = time.perf_counter() - t_fit
     if trainer.interrupted:
         raise RuntimeError("training was interrupted; resume it with ckpt_path=last")

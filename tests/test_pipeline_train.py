@@ -124,3 +124,24 @@ def test_a_run_directory_is_never_shared_or_overwritten(make_cfg, capsys) -> Non
         train(cfg)  # same directory as a run that claimed it
     out = capsys.readouterr().out
     assert "(failed)" in out and cfg.paths.output_dir in out  # printed even on failure
+
+
+PRESETS = sorted(
+    str(p.relative_to(Path(__file__).parents[1] / "conf/experiment").with_suffix(""))
+    for p in (Path(__file__).parents[1] / "conf/experiment").rglob("*.yaml")
+)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_runs_end_to_end_when_shrunk(preset: str, make_cfg, tmp_path: Path) -> None:
+    """Each preset's data, task and evaluation grid as written; only the model, the hardware,
+    the number of steps and the examples are shrunk (lightning-hydra-template style)."""
+    cfg = make_cfg(
+        f"experiment={preset}", "model=tiny", "trainer.accelerator=cpu", "trainer.devices=1",
+        "trainer.precision=32-true", "trainer.max_steps=1",
+        "trainer.val_check_interval=${trainer.accumulate_grad_batches}",
+        "task.batch_size=4", "task.val_examples=4", "task.examples_per_cell=1",
+    )
+    metrics = train(cfg)
+    assert metrics["steps"] == 1 and metrics["scale"] == preset.split("/")[-1]
+    assert metrics["n_cells"] == cfg.task.eval_max_digits ** 2
