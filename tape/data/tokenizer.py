@@ -1,0 +1,77 @@
+"""A small byte-level BPE trained on the local corpus: the right vocabulary for CPU-scale models.
+
+Digits are split one per token, as Llama's tokenizer does, so a number is as many tokens as it
+has digits (passkeys, verse numbers). Ids 0, 1, 2 are ``<pad>``, ``<s>`` (BOS) and ``</s>``
+(EOS); ``encode`` never adds them. Built on Hugging Face ``tokenizers`` (trains ~10 MB in
+seconds); :meth:`BPETokenizer.to_transformers` gives the ``PreTrainedTokenizerFast`` that the
+Hugging Face side (``save_pretrained`` next to a model) expects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+SPECIAL_TOKENS = [PAD, BOS, EOS]
+
+
+class BPETokenizer:
+    """encode(text) -> ids and decode(ids) -> text, with the special ids as attributes."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        ids = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
+        if ids != [0, 1, 2]:
+            raise ValueError(f"expected {SPECIAL_TOKENS} at ids 0, 1, 2, found {ids}")
+        self.pad_id, self.bos_id, self.eos_id = ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def save(self, path: str | Path) -> None:
+        self.tokenizer.save(str(path))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BPETokenizer":
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"tokenizer file {path} not found")
+        return cls(Tokenizer.from_file(str(path)))
+
+    def to_transformers(self) -> Any:
+        """The same vocabulary as a ``transformers.PreTrainedTokenizerFast``."""
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, pad_token=PAD,
+                                       bos_token=BOS, eos_token=EOS, unk_token=None)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+    """Train a byte-level BPE of ``vocab_size`` tokens (specials included) on ``texts``."""
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size={vocab_size} must be >= {256 + len(SPECIAL_TOKENS)} "
+                         "(256 bytes + the special tokens)")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return BPETokenizer(tok)
