@@ -83,3 +83,57 @@ def passkey_accuracy(
         "mean_tokens": sum(n for _, n in results) / trials,
         "trials": trials,
     }
+
+
+# ---------------------------------------------------------------------------- sizing and training
+MAX_KEY = 49999  # the longest key (5 digits): prompt sizes are checked against it
+
+
+def garbage_for_tokens(
+    encode: Callable[[str], Sequence[int]],
+    max_tokens: int,
+    answer_prefix: str = " ",
+    probe_seeds: int = 8,
+) -> int:
+    """The largest filler length (characters, a multiple of 16) whose prompts plus the longest
+    answer fit in ``max_tokens`` tokens, checked on ``probe_seeds`` seeds (0, 1, ...).
+    Raises ValueError when not even an empty filler fits."""
+    answer = len(encode(answer_prefix + str(MAX_KEY)))
+
+    def longest(n_garbage: int) -> int:
+        return max(len(encode(passkey_prompt(n_garbage, s).text)) for s in range(probe_seeds)) + answer
+
+    if longest(0) > max_tokens:
+        raise ValueError(f"a passkey prompt with no filler needs {longest(0)} tokens > {max_tokens}")
+    lo, hi = 0, 16  # longest(lo * 16) fits; grow hi until it does not
+    while longest(hi * 16) <= max_tokens:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # binary search on multiples of 16 characters
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if longest(mid * 16) <= max_tokens else (lo, mid)
+    return lo * 16
+
+
+def passkey_example(
+    encode: Callable[[str], Sequence[int]],
+    n_garbage: int,
+    seed: int,
+    seq_len: int,
+    pad_id: int,
+    answer_prefix: str = " ",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One training row: prompt then answer tokens, right-padded to ``seq_len``.
+    Returns (input_ids (seq_len,), labels (seq_len,)): labels are -100 everywhere but on the
+    answer tokens, so only the key is scored (labels[t] is the target at position t, as in
+    Hugging Face causal LMs, which shift internally)."""
+    prompt = passkey_prompt(n_garbage, seed)
+    ids, answer = list(encode(prompt.text)), list(encode(answer_prefix + str(prompt.key)))
+    n = len(ids) + len(answer)
+    if n > seq_len:
+        raise ValueError(f"passkey example of {n} tokens does not fit seq_len={seq_len}; "
+                         "size n_garbage with garbage_for_tokens")
+    input_ids = torch.full((seq_len,), pad_id, dtype=torch.long)
+    input_ids[:n] = torch.tensor(ids + answer)
+    labels = torch.full((seq_len,), -100, dtype=torch.long)
+    labels[len(ids) : n] = torch.tensor(answer)
+    return input_ids, labels

@@ -1,0 +1,166 @@
+"""Data of the context-extension experiment: the tokenizer, the training stream (local books +
+passkey samples, or the RedPajama sample from the hub) and the perplexity token files.
+
+Everything that can be missing is checked by :func:`check_inputs` before anything trains, and
+the error names the config key and how to get the data or weights.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+
+from pipelines.utils import PipelineConfigError
+from tape.data.passkey import passkey_example
+
+LLAMA_WEIGHTS_HINT = (
+    "download Llama-2-7B in Hugging Face format (accept Meta's licence at "
+    "https://huggingface.co/meta-llama/Llama-2-7b-hf, then `huggingface-cli download "
+    "meta-llama/Llama-2-7b-hf --local-dir /path/to/Llama-2-7b-hf`) and pass "
+    "model.pretrained_path=/path/to/Llama-2-7b-hf"
+)
+LONGLORA_BIN_HINT = (
+    "LongLoRA's tokenised test sets (uint16 Llama-2 tokens: pg19/test.bin and "
+    "proof-pile/test_sampled_data.bin, linked from https://github.com/dvlab-research/LongLoRA), "
+    "or your own: np.array(ids, dtype=np.uint16).tofile(path)"
+)
+
+
+@dataclass
+class ExtensionData:
+    """What training and evaluation read: text -> ids, the pad id, token streams."""
+
+    encode: Callable[[str], list[int]]
+    pad_id: int
+    vocab_size: int
+    train_rows: Callable[[int, int, int, np.random.Generator], Tensor]  # (count, seq_len) text rows
+    eval_tokens: dict[str, np.ndarray]  # corpus name -> flat token ids
+
+
+# ---------------------------------------------------------------------------- checks
+def check_inputs(cfg: DictConfig) -> None:
+    """Fail at once, naming the key, when weights or data files the config needs are missing."""
+    path = cfg.model.pretrained_path
+    if cfg.data.source == "hub" and not path:
+        raise PipelineConfigError(f"data.source=hub tokenises with the pretrained model's tokenizer: "
+                                  f"model.pretrained_path is not set; {LLAMA_WEIGHTS_HINT}")
+    if path and not (Path(path) / "config.json").is_file():
+        raise PipelineConfigError(f"model.pretrained_path={path}: no Hugging Face model there "
+                                  f"(config.json missing); {LLAMA_WEIGHTS_HINT}")
+    if cfg.data.source == "books":
+        return
+    if cfg.data.source != "hub":
+        raise PipelineConfigError(f"data.source={cfg.data.source}: choose books or hub")
+    for name, file in cfg.data.eval_files.items():
+        if not file or not Path(str(file)).is_file():
+            raise PipelineConfigError(f"data.eval_files.{name}={file}: token file not found; set "
+                                      f"data.eval_files.{name}=<path to a .bin file>: {LONGLORA_BIN_HINT}")
+
+
+# ---------------------------------------------------------------------------- sources
+def _books(cfg: DictConfig) -> ExtensionData:
+    from tape.data.corpus import CorpusUnavailable
+    from tape.data.text import prepare_text_data, random_blocks
+
+    try:
+        data = prepare_text_data(cfg.data.data_dir, cfg.data.vocab_size)
+    except CorpusUnavailable as err:
+        raise PipelineConfigError(f"data.source=books: {err}") from None
+    tok = data.tokenizer()
+    train = data.tokens("books_train")
+    evals = {name: data.tokens(str(split)) for name, split in cfg.data.eval_files.items()}
+    return ExtensionData(
+        encode=tok.encode, pad_id=tok.pad_id, vocab_size=tok.vocab_size,
+        train_rows=lambda index, count, seq_len, rng: random_blocks(train, seq_len, count, rng),
+        eval_tokens=evals,
+    )
+
+
+def _hub_documents(cfg: DictConfig) -> Iterator[str]:
+    """Texts of the hub dataset, streamed; a clear error when the hub cannot be reached."""
+    from tape.data.scrolls import _hub_offline, _hub_reachable
+
+    name = cfg.data.hub_dataset
+    how = (f"data.hub_dataset={name} comes from the Hugging Face hub: give this machine network "
+           "access (or a datasets cache holding it), or point data.hub_dataset at a local copy")
+    if _hub_offline() or not _hub_reachable():
+        raise PipelineConfigError(f"the hub is not reachable from this machine; {how}")
+    import datasets
+
+    try:
+        stream = datasets.load_dataset(name, split=cfg.data.hub_split, streaming=True)
+    except Exception as err:  # the hub client raises many types; all mean "no data"
+        raise PipelineConfigError(f"could not load {name}: {err}; {how}") from err
+    return (row["text"] for row in stream)
+
+
+class PackedRows:
+    """Documents joined with EOS, tokenised and cut into rows of ``seq_len`` tokens, read in
+    order (row i is the i-th row of the stream; the paper packed RedPajama the same way)."""
+
+    def __init__(self, docs: Iterator[str], encode: Callable[[str], list[int]], eos_id: int) -> None:
+        self.ids = itertools.chain.from_iterable(encode(d) + [eos_id] for d in docs)
+
+    def __call__(self, index: int, count: int, seq_len: int, rng: np.random.Generator) -> Tensor:
+        rows = [list(itertools.islice(self.ids, seq_len)) for _ in range(count)]
+        if any(len(r) < seq_len for r in rows):
+            raise RuntimeError("the training stream ran out of documents")
+        return torch.tensor(rows)  # (count, seq_len)
+
+
+def _hub(cfg: DictConfig) -> ExtensionData:
+    from transformers import AutoTokenizer
+
+    from tape.metrics.perplexity import load_token_file
+
+    docs = _hub_documents(cfg)  # fails first, and fast, without network
+    tok = AutoTokenizer.from_pretrained(cfg.model.pretrained_path)
+    encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    evals = {name: load_token_file(str(path)) for name, path in cfg.data.eval_files.items()}
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    return ExtensionData(encode=encode, pad_id=pad, vocab_size=len(tok),
+                         train_rows=PackedRows(docs, encode, tok.eos_token_id),
+                         eval_tokens=evals)
+
+
+def load_data(cfg: DictConfig) -> ExtensionData:
+    """The data of ``cfg.data.source`` (books | hub), after :func:`check_inputs`."""
+    check_inputs(cfg)
+    return _books(cfg) if cfg.data.source == "books" else _hub(cfg)
+
+
+# ---------------------------------------------------------------------------- batches
+def mixed_batches(data: ExtensionData, seq_len: int, batch_size: int, passkey_rows: int,
+                  seed: int, garbage_range: tuple[int, int] = (0, 0)) -> Callable[[int], dict[str, Tensor]]:
+    """Batch i: ``batch_size - passkey_rows`` text rows (every token scored) and
+    ``passkey_rows`` passkey rows (filler length uniform in ``garbage_range`` characters, only
+    the answer scored). Depends on (seed, i) only. Passkey rows use prompt seeds >= 2**31, so
+    they never repeat an evaluation prompt (seeds 0, 1, ...)."""
+
+    def batch(index: int) -> dict[str, Tensor]:
+        rng = np.random.default_rng([seed, index])
+        ids = data.train_rows(index, batch_size - passkey_rows, seq_len, rng)  # (B - P, N)
+        rows_ids, rows_labels = [ids], [ids.clone()]
+        for _ in range(passkey_rows):
+            n_garbage = int(rng.integers(garbage_range[0], garbage_range[1] + 1))
+            x, y = passkey_example(data.encode, n_garbage, int(rng.integers(2**31, 2**62)), seq_len,
+                                   data.pad_id)
+            rows_ids.append(x[None])
+            rows_labels.append(y[None])
+        passkey = torch.zeros(batch_size, dtype=torch.bool)
+        passkey[batch_size - passkey_rows:] = True
+        return {"input_ids": torch.cat(rows_ids), "labels": torch.cat(rows_labels), "passkey": passkey}
+
+    return batch
+
+
+def describe(data: ExtensionData) -> dict[str, Any]:
+    """Sizes for metrics.json."""
+    return {"vocab_size": data.vocab_size, **{f"eval_tokens_{k}": int(len(v)) for k, v in data.eval_tokens.items()}}

@@ -1,0 +1,212 @@
+"""The context-extension experiment (pipelines.extend): the smoke preset end to end on an
+invented corpus, passkey training rows, the data/weights checks, the presets, saving models."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+pytest.importorskip("transformers")
+from conftest import compose_config  # noqa: E402
+from pipelines.context_extension_data import ExtensionData, check_inputs, load_data, mixed_batches  # noqa: E402
+from pipelines.extend import extend, validate  # noqa: E402
+from pipelines.utils import PipelineConfigError  # noqa: E402
+from tape.data.corpus import Document  # noqa: E402
+from tape.data.passkey import FILLER, QUESTION, TASK, garbage_for_tokens, passkey_example, passkey_prompt  # noqa: E402
+from tape.data.text import prepare_text_data  # noqa: E402
+from tape.hf.io import build_llama, load_model, save_model  # noqa: E402
+from tape.hf.recipes import RECIPES, apply_recipe  # noqa: E402
+from tape.hf.train_loop import lr_factor, split_losses  # noqa: E402
+
+VOCAB = 512
+WORDS = f"{TASK} {FILLER} {QUESTION} thou art the king of hills and seas".split()  # BPE learns the prompt's words
+
+
+def invented(prefix: str, n: int, seed: int = 0) -> list[Document]:
+    rng = random.Random(seed)
+    return [Document(f"{prefix}/{i}", " ".join(rng.choice(WORDS) for _ in range(1500))) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """A prepared corpus (BPE of 512 tokens) of invented documents: no real corpus needed."""
+    root = tmp_path_factory.mktemp("data")
+    docs = {"books": invented("b", 30), "stdlib": invented("s", 3, seed=1)}
+    prepare_text_data(root, vocab_size=VOCAB, load=docs.__getitem__)
+    return root
+
+
+def extend_cfg(tmp_path: Path, data_dir: Path, *overrides: str, name: str = "run"):
+    cfg = compose_config("extend", ["experiment=context_extension/smoke", "logger=none", *overrides])
+    with open_dict(cfg):
+        cfg.paths.root_dir = str(tmp_path)
+        cfg.paths.runs_dir = str(tmp_path / "runs")
+        cfg.paths.output_dir = str(tmp_path / "runs" / name)
+        cfg.models_dir = str(tmp_path / "models")
+        cfg.data.data_dir = str(data_dir)
+        cfg.data.vocab_size = VOCAB
+    return cfg
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_dir):
+    cfg = extend_cfg(tmp_path, data_dir)
+    metrics = extend(cfg)
+    run = Path(cfg.paths.output_dir)
+    for f in ("metrics.json", "perplexity.csv", "passkey.csv", "passkey.png", "tables.md", "config.yaml"):
+        assert (run / f).is_file(), f
+    assert json.loads((run / "metrics.json").read_text()) == pytest.approx(metrics)
+    methods = ["base", *RECIPES]
+    ppl = _read_csv(run / "perplexity.csv")
+    assert [(r["method"], r["corpus"], r["length"]) for r in ppl] == [
+        (m, c, n) for m in methods for c in ("books", "stdlib") for n in ("32", "256")]
+    assert all(1 < float(r["perplexity"]) < 10 * VOCAB for r in ppl)
+    keys = _read_csv(run / "passkey.csv")
+    assert [(r["method"], r["target_tokens"]) for r in keys] == [(m, n) for m in methods for n in ("128", "256")]
+    assert all(float(r["mean_tokens"]) <= int(r["target_tokens"]) for r in keys)
+    for recipe in RECIPES:
+        assert metrics[f"time_train_{recipe}_s"] > 0 and metrics[f"time_eval_{recipe}_s"] > 0
+        assert not metrics[f"{recipe}_reused"] and metrics[f"{recipe}_steps"] == cfg.extend.steps
+    assert metrics["trainable_params" if False else "tape_trainable_params"] > 0
+    assert "base_passkey_at_context" in metrics and isinstance(metrics["base_retrieves"], bool)
+    assert metrics["base_steps"] == cfg.base.steps and "base_loss_passkey" in metrics
+
+    again = extend(extend_cfg(tmp_path, data_dir, name="again"))  # same settings: nothing trains
+    assert again["base_reused"] and all(again[f"{r}_reused"] for r in RECIPES)
+    assert again["time_base_train_s"] == 0.0
+    for k, v in metrics.items():  # the reused models evaluate to the same numbers
+        if k.startswith(("ppl_", "passkey_")):
+            assert again[k] == pytest.approx(v, rel=1e-5), k
+    with pytest.raises(PipelineConfigError, match="already belongs"):
+        extend(extend_cfg(tmp_path, data_dir, name="again"))  # a run directory is never reused
+
+
+# ----------------------------------------------------------------------------- passkey rows
+def char_encode(text: str) -> list[int]:
+    return [ord(c) % 250 + 3 for c in text]
+
+
+def test_passkey_rows_are_seeded_fit_and_score_only_the_key():
+    x, y = passkey_example(char_encode, 300, seed=7, seq_len=600, pad_id=0)
+    x2, y2 = passkey_example(char_encode, 300, seed=7, seq_len=600, pad_id=0)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert not torch.equal(x, passkey_example(char_encode, 300, seed=8, seq_len=600, pad_id=0)[0])
+    prompt = passkey_prompt(300, 7)
+    n_prompt, answer = len(char_encode(prompt.text)), char_encode(" " + str(prompt.key))
+    scored = (y != -100).nonzero().flatten().tolist()
+    assert scored == list(range(n_prompt, n_prompt + len(answer)))  # the key's tokens, nothing else
+    assert y[scored].tolist() == answer and x[scored].tolist() == answer
+    assert (x[n_prompt + len(answer):] == 0).all()  # right padding
+    with pytest.raises(ValueError, match="does not fit"):
+        passkey_example(char_encode, 300, seed=7, seq_len=n_prompt, pad_id=0)
+
+
+def test_garbage_for_tokens_is_the_largest_filler_that_fits():
+    n = garbage_for_tokens(char_encode, 500)
+    longest = lambda g: max(len(char_encode(passkey_prompt(g, s).text)) for s in range(8)) + 6  # noqa: E731
+    assert longest(n) <= 500 < longest(n + 16)
+    with pytest.raises(ValueError, match="no filler"):
+        garbage_for_tokens(char_encode, 50)
+
+
+def test_mixed_batches_depend_on_seed_and_index_only():
+    stream = torch.arange(5000) % 200
+    data = ExtensionData(encode=char_encode, pad_id=0, vocab_size=256, eval_tokens={},
+                         train_rows=lambda i, count, n, rng: torch.stack(
+                             [stream[s: s + n] for s in rng.integers(0, 4400, count)]))
+    batches = mixed_batches(data, seq_len=600, batch_size=4, passkey_rows=2, seed=3, garbage_range=(0, 200))
+    a, b = batches(5), batches(5)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(batches(6)["input_ids"], a["input_ids"])
+    assert a["passkey"].tolist() == [False, False, True, True]
+    assert (a["labels"][:2] == a["input_ids"][:2]).all()  # text rows: every token a label
+    assert ((a["labels"][2:] != -100).sum(1) <= 6).all()  # passkey rows: the key only
+
+
+def test_losses_average_text_and_passkey_tokens_separately():
+    logits = torch.zeros(2, 3, 4)
+    labels = torch.tensor([[1, 2, 3], [-100, -100, 1]])
+    logits[0, 0, 2] = 5.0  # predicts the text row's first target well
+    parts = split_losses(logits, labels, torch.tensor([False, True]))
+    assert set(parts) == {"text", "passkey"}
+    assert parts["passkey"].item() == pytest.approx(torch.log(torch.tensor(4.0)).item())
+    assert parts["text"] < parts["passkey"]
+    assert lr_factor(0, 10, 100) == pytest.approx(0.1) and lr_factor(50, 10, 100) == 1.0
+    assert lr_factor(100, 10, 100, "cosine", 0.1) == pytest.approx(0.1)
+
+
+# ----------------------------------------------------------------------------- checks and presets
+def test_presets_compose_cpu_is_the_default_and_validates(tmp_path):
+    default = compose_config("extend", [])
+    assert default.experiment_name == "context_extension/cpu"
+    validate(default)
+    assert default.extend.recipes == list(RECIPES) and default.extend.context == 2 * default.model.context
+    paper = compose_config("extend", ["experiment=context_extension/paper"])
+    assert (paper.extend.context, paper.extend.steps, paper.extend.lr, paper.extend.warmup_steps) == (8192, 1000, 2e-5, 50)
+    assert paper.extend.batch_size * paper.extend.grad_accum == 64 and paper.data.source == "hub"
+
+
+def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypatch):
+    cfg = compose_config("extend", ["experiment=context_extension/paper"])
+    with pytest.raises(PipelineConfigError, match=r"model\.pretrained_path.*huggingface-cli download"):
+        validate(cfg)
+    with open_dict(cfg):
+        cfg.model.pretrained_path = str(tmp_path / "nowhere")
+    with pytest.raises(PipelineConfigError, match=r"model\.pretrained_path=.*nowhere"):
+        validate(cfg)
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text("{}")
+    with open_dict(cfg):
+        cfg.model.pretrained_path = str(tmp_path / "llama")
+    with pytest.raises(PipelineConfigError, match=r"data\.eval_files\.pg19.*LongLoRA"):
+        validate(cfg)
+    for name in ("pg19", "proof_pile"):
+        (tmp_path / f"{name}.bin").write_bytes(b"\0\0" * 10)
+        with open_dict(cfg):
+            cfg.data.eval_files[name] = str(tmp_path / f"{name}.bin")
+    check_inputs(cfg)  # everything local is there; the training data is next
+    with pytest.raises(PipelineConfigError, match=r"data\.hub_dataset=togethercomputer/RedPajama"):
+        load_data(cfg)  # HF_HUB_OFFLINE=1 (conftest): fails at once, no network touched
+
+
+@pytest.mark.parametrize("override, key", [
+    ("extend.context=260", "extend.context=260 must split into recipes.longlora.s2attn_groups"),
+    ("extend.context=64", "extend.context=64 must exceed model.context"),
+    ("extend.recipes=[yarn]", "unknown recipe 'yarn'"),
+    ("base.passkey_rows=17", "base.passkey_rows=17"),
+])
+def test_impossible_settings_name_their_key(override, key):
+    with pytest.raises(PipelineConfigError, match=key.replace("[", r"\[")):
+        validate(compose_config("extend", [override]))
+
+
+# ----------------------------------------------------------------------------- saved models
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_saved_extended_model_reloads_with_the_same_logits(tmp_path, recipe):
+    model = build_llama(64, 32, 48, 2, 2, 2, context=16, seed=0)
+    model = apply_recipe(model, recipe, target_context=32, original_context=16, s2attn_groups=2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))  # as if trained: adapters and TAPE maps act
+    ids = torch.randint(0, 64, (2, 32))
+    model.eval()
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    save_model(model, tmp_path / recipe, {"recipe": recipe})
+    with torch.no_grad():
+        after = load_model(tmp_path / recipe)(input_ids=ids).logits
+    assert (before - after).abs().max() < 1e-4
+    with pytest.raises(FileExistsError):
+        save_model(model, tmp_path / recipe, {})
