@@ -154,7 +154,10 @@ def model_config(cfg: DictConfig) -> ModelConfig:
     are reported with the command-line keys (``model.d_model``, ``pe.randpe_max_position``)."""
     pe = OmegaConf.to_container(cfg.pe, resolve=True)
     name = pe.pop("name")
-    values = {**OmegaConf.to_container(cfg.model, resolve=True), **pe, "pe": name}
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    # A PE option left null defers to the same field set under model (an experiment preset can
+    # set e.g. model.randpe_max_position for whichever PE is chosen).
+    values = {**model, **{k: v for k, v in pe.items() if v is not None or k not in model}, "pe": name}
     try:
         return ModelConfig.from_dict(values)
     except ConfigError as err:

@@ -20,9 +20,10 @@ from pipelines.utils import (
 )
 from tape.model import ModelConfig
 
+TRAIN_FAMILIES = ("addition", "pretrain", "scrolls")  # experiments run by pipelines.train
 PRESETS = sorted(
     str(p.relative_to(CONF_DIR / "experiment").with_suffix(""))
-    for p in (CONF_DIR / "experiment").rglob("*.yaml")
+    for family in TRAIN_FAMILIES for p in (CONF_DIR / "experiment" / family).glob("*.yaml")
 )
 
 

@@ -13,7 +13,7 @@ from types import ModuleType
 
 from pipelines.utils import PipelineConfigError
 
-TASKS = {"addition": "pipelines.tasks.addition"}
+TASKS = {"addition": "pipelines.tasks.addition", "pretrain": "pipelines.tasks.pretrain"}
 
 
 def get_task(name: str) -> ModuleType:

@@ -1,7 +1,7 @@
 """Lightning wrappers around the pure-PyTorch library: modules, data modules, callbacks."""
 
 from tape.lightning.callbacks import TokensPerSecond
-from tape.lightning.datamodule import AdditionDataModule
+from tape.lightning.datamodule import AdditionDataModule, StreamTextDataModule, TextDataModule
 from tape.lightning.module import CausalLMModule
 
-__all__ = ["AdditionDataModule", "CausalLMModule", "TokensPerSecond"]
+__all__ = ["AdditionDataModule", "CausalLMModule", "StreamTextDataModule", "TextDataModule", "TokensPerSecond"]

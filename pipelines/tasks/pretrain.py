@@ -1,0 +1,141 @@
+"""Causal-LM pretraining from scratch (tape-spec D.2), with held-out perplexity at 1x, 2x, 4x
+the training length so length extrapolation shows before any fine-tuning.
+
+Two text sources (``task.corpus``):
+- ``books`` (cpu/smoke): the local books corpus with a BPE trained on it (tape/data/text.py),
+  built once under ``task.data_dir``; held-out = whole held-out books.
+- ``stream`` (paper): C4 ``en`` streamed with ``datasets`` from ``task.text_source`` (hub or
+  local shards), the Llama tokenizer from ``task.tokenizer_path``; held-out = the first
+  ``task.heldout_tokens`` tokens of its validation split.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from omegaconf import DictConfig
+
+from pipelines.utils import PipelineConfigError, check_position_range, model_config
+from tape.data.text import TextData, prepare_text_data
+from tape.lightning import StreamTextDataModule, TextDataModule
+from tape.metrics.perplexity import sliding_window_perplexity
+
+CORPORA = ("books", "stream")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Impossible settings, before any data is built or any step trained."""
+    t = cfg.task
+    if t.corpus not in CORPORA:
+        raise PipelineConfigError(f"task.corpus={t.corpus!r}; choose one of {list(CORPORA)}")
+    for key in ("seq_len", "batch_size", "val_blocks", "eval_max_windows", "eval_stride"):
+        if int(t[key]) < 1:
+            raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
+    if int(t.seq_len) < 2:
+        raise PipelineConfigError("task.seq_len must be >= 2 (a block predicts its next tokens)")
+    mults = list(t.eval_multipliers)
+    if not mults or any(int(m) < 1 for m in mults):
+        raise PipelineConfigError(f"task.eval_multipliers={mults} must be a non-empty list of ints >= 1")
+    mc = model_config(cfg)
+    if mc.vocab_size != int(t.vocab_size):
+        raise PipelineConfigError(
+            f"model.vocab_size={mc.vocab_size} differs from the tokenizer's task.vocab_size="
+            f"{t.vocab_size}; leave model.vocab_size at ${{task.vocab_size}}"
+        )
+    check_position_range(mc, max(mults) * int(t.seq_len), "task.eval_multipliers")
+
+
+# ---------------------------------------------------------------------------- text sources
+def _books(t: DictConfig) -> TextData:
+    try:
+        return prepare_text_data(t.data_dir, int(t.vocab_size), int(t.heldout_percent))
+    except FileNotFoundError as err:
+        raise PipelineConfigError(f"task.corpus=books: {err}") from err
+
+
+def _hf_tokenizer(t: DictConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    path = Path(str(t.tokenizer_path)) if t.get("tokenizer_path") else None
+    if path is None or not path.is_dir():
+        raise PipelineConfigError(
+            f"task.corpus=stream needs task.tokenizer_path (got {path}): a local Hugging Face "
+            "tokenizer directory; the paper used Llama-2's (huggingface-cli download "
+            "meta-llama/Llama-2-7b-hf tokenizer.model tokenizer.json tokenizer_config.json "
+            "--local-dir <dir>)"
+        )
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if len(tok) > int(t.vocab_size):
+        raise PipelineConfigError(f"the tokenizer at task.tokenizer_path has {len(tok)} tokens, "
+                                  f"more than task.vocab_size={t.vocab_size}")
+    return tok
+
+
+def _stream_heldout(t: DictConfig, encode: Callable[[str], Sequence[int]], bos_id: int | None) -> np.ndarray:
+    from tape.data.streaming import open_text_stream
+
+    need, parts = int(t.heldout_tokens), []
+    for row in open_text_stream(str(t.text_source), split="validation"):
+        parts.append(([bos_id] if bos_id is not None else []) + list(encode(row["text"])))
+        need -= len(parts[-1])
+        if need <= 0:
+            break
+    return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+
+
+def heldout_tokens(t: DictConfig) -> np.ndarray:
+    """The held-out token stream that validation and the perplexity evaluation read."""
+    if t.corpus == "books":
+        return _books(t).tokens("books_heldout")
+    tok = _hf_tokenizer(t)
+    return _stream_heldout(t, partial(tok.encode, add_special_tokens=False), tok.bos_token_id)
+
+
+def datamodule(cfg: DictConfig) -> TextDataModule | StreamTextDataModule:
+    t = cfg.task
+    common = dict(seq_len=int(t.seq_len), batch_size=int(t.batch_size),
+                  val_blocks=int(t.val_blocks), vocab_size=int(t.vocab_size))
+    if t.corpus == "books":
+        data = _books(t)
+        return TextDataModule(data.tokens("books_train"), data.tokens("books_heldout"),
+                              seed=cfg.seed, **common)
+    from tape.data.streaming import PackedTextStream, open_text_stream
+
+    tok = _hf_tokenizer(t)
+    encode = partial(tok.encode, add_special_tokens=False)
+    source = open_text_stream(str(t.text_source), split="train")  # fails now, before training
+
+    def make_stream(rank: int, world: int, start: int) -> PackedTextStream:
+        return PackedTextStream(source, encode, tok.bos_token_id, int(t.seq_len), int(t.batch_size),
+                                seed=cfg.seed, rank=rank, world_size=world, start=start)
+
+    return StreamTextDataModule(make_stream, _stream_heldout(t, encode, tok.bos_token_id), **common)
+
+
+# ---------------------------------------------------------------------------- evaluation
+def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
+    """Held-out perplexity at each multiple of the training length -> perplexity.csv + metrics."""
+    t0 = time.perf_counter()
+    tokens = heldout_tokens(task_cfg)
+    metrics: dict[str, float] = {}
+    rows = []
+    for mult in task_cfg.eval_multipliers:
+        length = int(mult) * int(task_cfg.seq_len)
+        out = sliding_window_perplexity(
+            model, tokens, length, stride=int(task_cfg.eval_stride),
+            batch_size=max(1, int(task_cfg.eval_batch_tokens) // length),
+            max_windows=int(task_cfg.eval_max_windows),
+        )
+        metrics[f"ppl_{mult}x"] = out["perplexity"]
+        rows.append({"multiplier": int(mult), "length": length, **out})
+    with open(out_dir / "perplexity.csv", "x", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    metrics["eval_time_s"] = time.perf_counter() - t0
+    return metrics

@@ -1,0 +1,81 @@
+"""Paper-scale pretraining text streamed with ``datasets`` (C4 ``en``, tape-spec D.2).
+
+Documents are tokenised with BOS in front and no EOS, concatenated, and cut into ``seq_len``
+blocks (labels = inputs), as the official ``train.py`` did. The stream is shuffled with a buffer
+and seed ``seed + start`` (the official code reseeded with the resumed step the same way), so a
+resumed run continues on a fresh shuffle rather than replaying the exact batches.
+
+Sources: the hub dataset ``allenai/c4`` (config ``en``, streamed: nothing is downloaded up front)
+or a local directory of C4 ``*.json.gz`` / ``*.jsonl`` shards with a ``text`` field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.data import IterableDataset
+
+HUB_C4 = ("allenai/c4", "en")
+
+
+def pack_blocks(docs: Iterable[Sequence[int]], seq_len: int, bos_id: int | None) -> Iterator[list[int]]:
+    """Concatenate (BOS +) documents and yield consecutive ``seq_len`` blocks; the tail that does
+    not fill a block is dropped."""
+    buf: list[int] = []
+    for ids in docs:
+        if bos_id is not None:
+            buf.append(bos_id)
+        buf.extend(ids)
+        while len(buf) >= seq_len:
+            yield buf[:seq_len]
+            buf = buf[seq_len:]
+
+
+def open_text_stream(source: str, split: str = "train") -> Any:
+    """A streaming ``datasets.IterableDataset`` of documents: a local shard directory, or C4 from
+    the hub when ``source`` is ``allenai/c4``. Fails with what to do when neither works."""
+    import datasets
+
+    path = Path(source)
+    try:
+        if path.is_dir():
+            files = sorted(str(p) for p in path.rglob("*") if p.name.endswith((".json.gz", ".jsonl", ".json")))
+            if not files:
+                raise FileNotFoundError(f"no *.json.gz / *.jsonl shards under {path}")
+            return datasets.load_dataset("json", data_files=files, split=split, streaming=True)
+        if source != HUB_C4[0]:
+            raise FileNotFoundError(f"{source} is neither a directory of shards nor {HUB_C4[0]}")
+        return datasets.load_dataset(*HUB_C4, split=split, streaming=True)
+    except Exception as err:  # offline hub, missing files: one clear message
+        raise FileNotFoundError(
+            f"pretraining text unavailable from task.text_source={source!r} ({type(err).__name__}: "
+            f"{err}). Paper scale streams C4 en from the hub (task.text_source=allenai/c4, needs "
+            "network) or reads local shards (task.text_source=/path/to/c4/en with *.json.gz files)"
+        ) from err
+
+
+class PackedTextStream(IterableDataset):
+    """Endless-as-the-source batches {input_ids, labels, batch_index} of packed blocks."""
+
+    def __init__(self, dataset: Any, encode: Callable[[str], Sequence[int]], bos_id: int | None,
+                 seq_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1,
+                 start: int = 0, shuffle_buffer: int = 10_000) -> None:
+        super().__init__()
+        self.dataset, self.encode, self.bos_id = dataset, encode, bos_id
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.rank, self.world_size, self.start, self.shuffle_buffer = rank, world_size, start, shuffle_buffer
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        data = self.dataset.shuffle(seed=self.seed + self.start, buffer_size=self.shuffle_buffer)
+        texts = (row["text"] for i, row in enumerate(data) if i % self.world_size == self.rank)
+        blocks = pack_blocks((self.encode(t) for t in texts), self.seq_len, self.bos_id)
+        index, rows = self.start, []
+        for block in blocks:
+            rows.append(block)
+            if len(rows) == self.batch_size:
+                ids = torch.tensor(rows)  # (B, L)
+                yield {"input_ids": ids, "labels": ids.clone(), "batch_index": torch.tensor(index)}
+                index, rows = index + 1, []

@@ -1,0 +1,156 @@
+"""From-scratch pretraining (pipelines/tasks/pretrain.py): smoke runs per PE with perplexity at
+1x/2x/4x, the presets, the streamed (paper-scale) text path, and bad input named by key."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pytest
+from omegaconf import open_dict
+
+from conftest import compose_config
+from pipelines.tasks import pretrain
+from pipelines.train import train
+from pipelines.utils import PipelineConfigError, model_config
+from test_pipeline_train import Kill
+from tape.data.corpus import Document
+from tape.data.streaming import PackedTextStream, open_text_stream, pack_blocks
+from tape.data.text import prepare_text_data
+
+WORDS = "the king and queen of the land spake unto them saying come hither now thou art".split()
+VOCAB = 300
+
+
+def invented(prefix: str, n: int, words: int = 600) -> list[Document]:
+    rng = random.Random(prefix)
+    return [Document(f"{prefix}/{i:03d}", " ".join(rng.choice(WORDS) for _ in range(words)))
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An invented 'books' corpus prepared exactly as the real one (BPE + token files)."""
+    root = tmp_path_factory.mktemp("data")
+    corpora = {"books": invented("b", 40), "stdlib": invented("s", 2)}
+    prepare_text_data(root, vocab_size=VOCAB, heldout_percent=20, load=corpora.__getitem__)
+    return root
+
+
+def pretrain_cfg(make_cfg, data_dir: Path, *overrides: str, name: str = "run"):
+    return make_cfg("experiment=pretrain/smoke", f"task.data_dir={data_dir}",
+                    f"task.vocab_size={VOCAB}", "task.heldout_percent=20", *overrides, name=name)
+
+
+@pytest.mark.parametrize("pe", ["rope", "tape", "randpe", "alibi"])
+def test_smoke_pretrain_reports_perplexity_at_each_length(pe, make_cfg, data_dir) -> None:
+    cfg = pretrain_cfg(make_cfg, data_dir, f"pe={pe}")
+    metrics = train(cfg)
+    run = Path(cfg.paths.output_dir)
+    saved = json.loads((run / "metrics.json").read_text())
+    assert saved["task"] == "pretrain" and saved["pe"] == pe and saved["steps"] == 4
+    for m in (1, 2, 4):
+        # an untrained-ish model over a 300-token vocabulary: finite, above 1, near uniform
+        assert 1.0 < saved[f"ppl_{m}x"] < 5 * VOCAB and saved[f"ppl_{m}x"] == metrics[f"ppl_{m}x"]
+    with open(run / "perplexity.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["length"]) for r in rows] == [16, 32, 64]
+    assert all(int(r["windows"]) == 2 and int(r["scored_tokens"]) == 2 * (int(r["length"]) - 1)
+               for r in rows)
+
+
+def test_pretraining_learns_the_corpus(make_cfg, data_dir) -> None:
+    cfg = pretrain_cfg(make_cfg, data_dir, "pe=rope", "trainer.max_steps=60",
+                       "trainer.val_check_interval=30", "optim.lr=3e-3", "task.batch_size=8")
+    metrics = train(cfg)
+    # 17 distinct words drawn uniformly: a model that learned the words is far below uniform (300)
+    assert metrics["ppl_1x"] < 60 and metrics["val_loss"] < 4.1
+
+
+def test_resume_continues_the_block_stream(make_cfg, data_dir) -> None:
+    full = train(pretrain_cfg(make_cfg, data_dir, "pe=rope", "evaluate=false", name="full"))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(pretrain_cfg(make_cfg, data_dir, "pe=rope", "evaluate=false", name="killed"),
+              extra_callbacks=[Kill(at_step=2)])
+    again = train(pretrain_cfg(make_cfg, data_dir, "pe=rope", "evaluate=false", "ckpt_path=last",
+                               name="resumed"))
+    assert again["steps"] == 4 and again["resumed_from"].endswith("killed/checkpoints/last.ckpt")
+    assert again["val_loss"] == pytest.approx(full["val_loss"], rel=1e-6)
+
+
+def test_cpu_preset_runs_when_shrunk(make_cfg, data_dir) -> None:
+    cfg = pretrain_cfg(make_cfg, data_dir, "experiment=pretrain/cpu", "model=tiny", "pe=tape",
+                       "trainer.max_steps=1", "trainer.val_check_interval=1", "task.batch_size=2",
+                       "task.val_blocks=2", "task.eval_max_windows=1")
+    metrics = train(cfg)
+    assert cfg.task.seq_len == 128 and metrics["steps"] == 1
+    assert set(cfg.task.eval_multipliers) == {1, 2, 4} and "ppl_4x" in metrics
+
+
+def test_paper_preset_matches_the_spec() -> None:
+    cfg = compose_config("config", ["experiment=pretrain/paper", "pe=tape"])
+    mc = model_config(cfg)
+    assert (mc.n_layers, mc.d_model, mc.n_heads, mc.ffn_dim, mc.vocab_size) == (12, 768, 12, 3072, 32000)
+    assert not mc.tie_embeddings and mc.max_seq_len == 1024
+    assert cfg.task.batch_size * cfg.trainer.accumulate_grad_batches * 4 == 512  # on 4 GPUs
+    assert cfg.trainer.max_steps == 10_000 and cfg.optim.lr == 1e-4
+    assert cfg.optim.warmup_steps == 0.02 * cfg.trainer.max_steps and cfg.optim.schedule == "linear"
+    assert cfg.task.corpus == "stream" and cfg.task.text_source == "allenai/c4"
+    pretrain.validate(cfg)
+    with pytest.raises(PipelineConfigError, match="task.tokenizer_path"):
+        pretrain.datamodule(cfg)  # the Llama tokenizer must be given, before any data is read
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["task.corpus=c4"], "task.corpus"),
+        (["task.eval_multipliers=[]"], "task.eval_multipliers"),
+        (["model.vocab_size=100"], "model.vocab_size"),
+        (["pe=randpe", "model.randpe_max_position=32"], "randpe_max_position"),
+        (["task.batch_size=0"], "task.batch_size"),
+    ],
+)
+def test_impossible_settings_fail_before_training(overrides, key) -> None:
+    cfg = compose_config("config", ["experiment=pretrain/smoke", *overrides])
+    with pytest.raises(PipelineConfigError, match=key.replace(".", r"\.")):
+        pretrain.validate(cfg)
+
+
+def test_missing_tokenizer_dir_is_named(tmp_path) -> None:
+    cfg = compose_config("config", ["experiment=pretrain/paper", f"task.tokenizer_path={tmp_path / 'none'}"])
+    with pytest.raises(PipelineConfigError, match="task.tokenizer_path"):
+        pretrain.datamodule(cfg)
+
+
+def test_pack_blocks_concatenates_with_bos_and_drops_the_tail() -> None:
+    docs = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    assert list(pack_blocks(docs, 4, bos_id=1)) == [[1, 5, 6, 7], [1, 8, 1, 9], [10, 11, 12, 13]]
+    assert list(pack_blocks(docs, 5, bos_id=None)) == [[5, 6, 7, 8, 9]]
+
+
+def test_stream_reads_local_c4_shards(tmp_path) -> None:
+    shard_dir = tmp_path / "c4" / "en"
+    shard_dir.mkdir(parents=True)
+    with gzip.open(shard_dir / "c4-train.00000-of-00001.json.gz", "wt") as f:
+        for i in range(30):
+            f.write(json.dumps({"text": " ".join(str(i) for _ in range(5)), "url": "x"}) + "\n")
+    data = open_text_stream(str(shard_dir))
+    encode = lambda text: [int(w) + 10 for w in text.split()]  # noqa: E731
+    stream = PackedTextStream(data, encode, bos_id=1, seq_len=6, batch_size=2, seed=0, start=3)
+    batches = list(stream)
+    assert [int(b["batch_index"]) for b in batches] == list(range(3, 3 + len(batches)))
+    assert len(batches) == 30 * 6 // 6 // 2  # 30 docs of 6 tokens (BOS + 5) = 30 blocks
+    seen = sorted(int(b["input_ids"][r, 1]) - 10 for b in batches for r in range(2))
+    assert seen == list(range(30))  # every document once, shuffled
+    ranks = [list(PackedTextStream(data, encode, 1, 6, 1, seed=0, rank=r, world_size=2)) for r in (0, 1)]
+    firsts = [{int(b["input_ids"][0, 1]) for b in rs} for rs in ranks]
+    assert firsts[0].isdisjoint(firsts[1]) and len(firsts[0] | firsts[1]) == 30  # ranks split documents
+
+
+def test_stream_source_missing_says_what_to_do(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="task.text_source"):
+        open_text_stream(str(tmp_path / "nowhere"))
