@@ -170,6 +170,9 @@ def extend(cfg: DictConfig) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="extend")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar for every stage
     extend(cfg)
 
 
