@@ -1,0 +1,172 @@
+"""Find and load run directories (never W&B).
+
+A run directory is ``<runs>/<experiment...>/<pe>/<seed>/<time>-<id>[-<job>]/`` (for example
+``runs/addition/cpu/tape/0/20261122-205210-0835a8-0/``) holding ``command.txt``, ``config.yaml``
+and, once the run finished, ``metrics.json``. A run without ``metrics.json`` is unfinished: it
+is listed as such and never contributes a number. Evaluations of a run live in
+``<run>/eval/<time>-<id>/`` with the same files; the run's own ``metrics.json`` wins, and the
+newest evaluation only fills metrics the run does not have (a run trained with evaluate=false).
+``runs/multirun/`` (Hydra's sweep records), ``runs/*/models/`` (stored models) and anything
+under ``wandb/`` are never read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+RUN_NAME = re.compile(r"^\d{8}-\d{6}-[0-9a-f]+(-\d+)?$")
+SKIP_DIRS = {"multirun", "models", "wandb", "eval", "checkpoints", "csv", ".hydra"}
+
+
+@dataclass
+class Run:
+    """One run directory and what it recorded."""
+
+    path: Path
+    experiment: str  # e.g. "addition/cpu" (from metrics.json, else the path)
+    pe: str
+    seed: int
+    metrics: dict[str, Any] | None  # None: unfinished
+    command: str = ""  # the job command (first line of command.txt)
+    launched_as: str = ""
+    commit: str = ""
+    started: str = ""  # "# time:" of command.txt
+    metric_sources: dict[str, str] = field(default_factory=dict)  # key -> "run" | eval dir name
+
+    @property
+    def finished(self) -> bool:
+        return self.metrics is not None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def family(self) -> str:
+        """The experiment without its scale: "addition" for "addition/cpu"."""
+        return self.experiment.rsplit("/", 1)[0] if "/" in self.experiment else self.experiment
+
+    @property
+    def scale(self) -> str:
+        if self.metrics and self.metrics.get("scale"):
+            return str(self.metrics["scale"])
+        return self.experiment.rsplit("/", 1)[-1]
+
+    @property
+    def task(self) -> str:
+        if self.metrics and self.metrics.get("task"):
+            return str(self.metrics["task"])
+        return str((self.config().get("task") or {}).get("name", self.family))
+
+    def config(self) -> dict[str, Any]:
+        """The resolved config.yaml ({} when missing or unreadable)."""
+        path = self.path / "config.yaml"
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def read_command(path: Path) -> dict[str, str]:
+    """command.txt: the job command on the first line, then ``# key: value`` lines."""
+    out = {"command": "", "launched_as": "", "commit": "", "time": ""}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return out
+    if lines and not lines[0].startswith("#"):
+        out["command"] = lines[0].strip()
+    for line in lines:
+        key, sep, value = line.lstrip("# ").partition(": ")
+        if line.startswith("#") and sep and key.replace(" ", "_") in out:
+            out[key.replace(" ", "_")] = value.strip()
+    return out
+
+
+def _merged_metrics(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    own = _read_json(run_dir / "metrics.json")
+    if own is None:
+        return None, {}
+    sources = {k: "run" for k in own}
+    evals = sorted(p for p in (run_dir / "eval").glob("*") if (p / "metrics.json").is_file())
+    if evals:
+        newest = _read_json(evals[-1] / "metrics.json") or {}
+        for key, value in newest.items():
+            if key not in own:
+                own[key] = value
+                sources[key] = f"eval/{evals[-1].name}"
+    return own, sources
+
+
+def load_run(run_dir: Path, runs_root: Path) -> Run:
+    """The run at ``run_dir``; experiment, pe and seed from metrics.json, else from the path."""
+    parts = run_dir.relative_to(runs_root).parts
+    metrics, sources = _merged_metrics(run_dir)
+    cmd = read_command(run_dir / "command.txt")
+    m = metrics or {}
+    try:
+        seed = int(m.get("seed", parts[-2]))
+    except (TypeError, ValueError):
+        seed = -1
+    return Run(
+        path=run_dir,
+        experiment=str(m.get("experiment") or "/".join(parts[:-3])),
+        pe=str(m.get("pe") or parts[-3]),
+        seed=seed,
+        metrics=metrics,
+        command=cmd["command"],
+        launched_as=cmd["launched_as"],
+        commit=cmd["commit"],
+        started=cmd["time"],
+        metric_sources=sources,
+    )
+
+
+def find_runs(runs_root: str | Path) -> list[Run]:
+    """Every run directory under ``runs_root`` (finished or not), sorted by path."""
+    root = Path(runs_root)
+    if not root.is_dir():
+        return []
+    found: list[Run] = []
+    stack = [root]
+    while stack:
+        here = stack.pop()
+        for child in sorted(p for p in here.iterdir() if p.is_dir()):
+            if child.name in SKIP_DIRS:
+                continue
+            rel = child.relative_to(root).parts
+            if RUN_NAME.match(child.name) and len(rel) >= 4:
+                found.append(load_run(child, root))
+            else:
+                stack.append(child)
+    return sorted(found, key=lambda r: str(r.path))
+
+
+def latest_finished(runs: Iterable[Run]) -> dict[tuple[str, str, int], Run]:
+    """The newest finished run per (experiment, pe, seed); run names start with their time."""
+    best: dict[tuple[str, str, int], Run] = {}
+    for run in runs:
+        key = (run.experiment, run.pe, run.seed)
+        if run.finished and (key not in best or run.name > best[key].name):
+            best[key] = run
+    return best
+
+
+def is_finished(runs: Iterable[Run], experiment: str, pe: str, seed: int) -> bool:
+    """Whether some run of this experiment, PE and seed has a metrics.json."""
+    return (experiment, pe, seed) in latest_finished(runs)
