@@ -1,0 +1,322 @@
+"""The report renderer on fake run directories laid out exactly as the pipelines write them.
+
+The fake runs test the renderer, not results: every number below is made up for the test and
+never leaves tmp_path.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipelines.report import main as report_main
+from tape.metrics.arithmetic import Cell
+from tape.report import scrolls as scrolls_report
+from tape.report.heatmap import plot_panel, pool_seeds
+from tape.report.render import render, scales_to_render
+from tape.report.runs import find_runs, latest_finished
+from tape.report.stats import Missing, Summary, summarize
+from tape.report.tables import Table, to_csv, to_latex, to_markdown
+
+UNFINISHED = "unfinished: 1 run(s) without metrics.json"
+
+
+def make_run(runs: Path, experiment: str, pe: str, seed: int, name: str, metrics: dict | None,
+             config: dict | None = None, files: dict[str, str] | None = None) -> Path:
+    """A run directory as pipelines.train / pipelines.extend leave it."""
+    run = runs / experiment / pe / str(seed) / name
+    run.mkdir(parents=True)
+    (run / "command.txt").write_text(
+        f"python -m pipelines.train experiment={experiment} pe={pe} seed={seed}\n"
+        f"# launched as: /venv/bin/python -m pipelines.train -m experiment={experiment}\n"
+        f"# cwd: /work\n# commit: 0123456789abcdef0123\n# time: Sun Nov 22 20:52:10 2026\n")
+    (run / "config.yaml").write_text(yaml.safe_dump(config or {}))
+    for fname, text in (files or {}).items():
+        (run / fname).write_text(text)
+    if metrics is not None:
+        base = {"pe": pe, "seed": seed, "experiment": experiment, "scale": experiment.split("/")[-1]}
+        (run / "metrics.json").write_text(json.dumps({**base, **metrics}))
+    return run
+
+
+def grid_csv(accuracy_by_cell: dict[tuple[int, int], int], n: int = 10) -> str:
+    rows = ["len_a,len_b,n,correct"] + [f"{a},{b},{n},{k}" for (a, b), k in accuracy_by_cell.items()]
+    return "\n".join(rows) + "\n"
+
+
+ADD_CFG = {"task": {"name": "addition", "max_digits": 1, "eval_max_digits": 2},
+           "trainer": {"max_steps": 100}}
+
+
+def addition_metrics(mean: float) -> dict[str, Any]:
+    return {"task": "addition", "mean_accuracy": mean, "in_distribution_accuracy": 90.0,
+            "ood_accuracy": mean - 5, "train_time_s": 12.0, "wall_time_s": 20.0}
+
+
+def build_runs(root: Path) -> Path:
+    runs = root / "runs"
+    grid = grid_csv({(1, 1): 10, (1, 2): 5, (2, 1): 0, (2, 2): 2})
+    make_run(runs, "addition/cpu", "rope", 0, "20261122-205210-0835a8-0", addition_metrics(20.0),
+             ADD_CFG, {"grid.csv": grid})
+    make_run(runs, "addition/cpu", "rope", 1, "20261122-205210-0835a8-1", addition_metrics(30.0),
+             ADD_CFG, {"grid.csv": grid})
+    # an older finished run of rope seed 0: superseded by the newer one above
+    make_run(runs, "addition/cpu", "rope", 0, "20261121-100000-aaaaaa-0", addition_metrics(99.0),
+             ADD_CFG, {"grid.csv": grid})
+    make_run(runs, "addition/cpu", "tape", 0, "20261122-205210-0835a8-4", addition_metrics(41.0),
+             ADD_CFG, {"grid.csv": grid})
+    make_run(runs, "addition/cpu", "tape", 1, "20261122-215210-0835a8-4", None, ADD_CFG)
+    # FIRE: only an unfinished run, which even left a grid behind; it must never show a number
+    make_run(runs, "addition/cpu", "fire", 0, "20261122-205210-0835a8-3", None, ADD_CFG,
+             {"grid.csv": grid})
+    make_run(runs, "pretrain/cpu", "rope", 0, "20261122-220000-bbbbbb-0",
+             {"task": "pretrain", "ppl_1x": 50.0, "ppl_2x": 80.0, "ppl_4x": 200.0, "wall_time_s": 60.0},
+             {"task": {"name": "pretrain", "seq_len": 128}})
+    make_run(runs, "scrolls/cpu", "tape", 0, "20261122-230000-cccccc",
+             {"task": "scrolls/qasper", "f1": 12.5}, {"task": {"name": "scrolls/qasper"}})
+    ppl = ("method,corpus,length,perplexity,nll,windows,scored_tokens\n"
+           "base,books,256,40.0,3.7,2,510\ntape,books,256,30.0,3.4,2,510\n"
+           "lora,books,256,35.0,3.5,2,510\n")
+    key = ("method,target_tokens,n_garbage,mean_tokens,trials,accuracy\n"
+           "base,256,10,240.0,20,1.0\ntape,256,10,240.0,20,0.9\nlora,256,10,240.0,20,0.4\n")
+    make_run(runs, "context_extension/cpu", "llama", 0, "20261122-210224-f2760f",
+             {"task": "context_extension", "context": 128, "target_context": 256,
+              "base_retrieves": True, "ppl_books_256_tape": 30.0, "wall_time_s": 100.0},
+             {"task": {"name": "context_extension"}},
+             {"perplexity.csv": ppl, "passkey.csv": key})
+    # W&B files that must never be read
+    wandb = runs / "addition/cpu/rope/0/20261122-205210-0835a8-0/wandb"
+    wandb.mkdir()
+    (wandb / "wandb-summary.json").write_text(json.dumps({"mean_accuracy": 77.7}))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("report")
+    runs = build_runs(root)
+    out = root / "results"
+    out.mkdir()
+    (out / "efficiency.md").write_text("# Efficiency\n\nGenerated by `python -m pipelines.benchmark` x.\n")
+    (out / "efficiency.json").write_text(json.dumps({"command": "python -m pipelines.benchmark"}))
+    render(runs, out)
+    return runs, out
+
+
+def read_csv(path: Path) -> dict[str, dict[str, str]]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    first = next(iter(rows[0]))
+    return {row[first]: row for row in rows}
+
+
+# ------------------------------------------------------------------------------ runs
+def test_find_runs_reads_layout_and_skips_wandb_models_multirun(tmp_path: Path) -> None:
+    runs = build_runs(tmp_path)
+    (runs / "multirun/20261122-205210-0835a8").mkdir(parents=True)
+    (runs / "context_extension/models/base-123").mkdir(parents=True)
+    found = find_runs(runs)
+    assert len(found) == 9
+    by_name = {r.name: r for r in found}
+    fire = by_name["20261122-205210-0835a8-3"]
+    assert (fire.experiment, fire.pe, fire.seed, fire.finished) == ("addition/cpu", "fire", 0, False)
+    assert fire.scale == "cpu" and fire.task == "addition"  # from the path and config.yaml
+    assert fire.commit == "0123456789abcdef0123"
+    assert fire.command == "python -m pipelines.train experiment=addition/cpu pe=fire seed=0"
+    newest = latest_finished(found)
+    assert newest[("addition/cpu", "rope", 0)].name == "20261122-205210-0835a8-0"
+
+
+def test_eval_metrics_fill_gaps_but_never_override_the_run(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "addition/cpu", "rope", 0, "20261122-205210-0835a8-0",
+                   {"task": "addition", "train_time_s": 5.0, "mean_accuracy": 10.0})
+    ev = run / "eval" / "20261123-000000-dddddd"
+    ev.mkdir(parents=True)
+    (ev / "metrics.json").write_text(json.dumps({"mean_accuracy": 99.0, "ood_accuracy": 7.0}))
+    (found,) = find_runs(tmp_path)
+    assert found.metrics["mean_accuracy"] == 10.0
+    assert found.metrics["ood_accuracy"] == 7.0
+    assert found.metric_sources["ood_accuracy"] == "eval/20261123-000000-dddddd"
+
+
+# ------------------------------------------------------------------------------ numbers
+def test_summarize_mean_and_sample_std() -> None:
+    s = summarize([20.0, 30.0])
+    assert isinstance(s, Summary) and s.n == 2
+    assert s.mean == pytest.approx(25.0) and s.std == pytest.approx(math.sqrt(50.0))
+    one = summarize([41.0])
+    assert isinstance(one, Summary) and one.std is None and one.format() == "41.00"
+    assert isinstance(summarize([]), Missing) and isinstance(summarize([float("nan")]), Missing)
+
+
+def test_addition_mean_std_over_seeds_newest_run_per_seed(rendered: tuple[Path, Path]) -> None:
+    _, out = rendered
+    rows = read_csv(out / "tables/addition_cpu.csv")
+    mean_col = next(c for c in rows["RoPE"] if c.endswith("mean accuracy (%)"))
+    assert float(rows["RoPE"][mean_col]) == pytest.approx(25.0)  # seeds 0 and 1; the old 99 is superseded
+    assert float(rows["RoPE"][f"{mean_col} std"]) == pytest.approx(math.sqrt(50.0))
+    assert rows["RoPE"][f"{mean_col} n"] == "2" and rows["RoPE"]["seeds"] == "2"
+    assert float(rows["TAPE"][mean_col]) == pytest.approx(41.0)  # the unfinished seed 1 adds nothing
+    assert rows["TAPE"]["seeds"] == "1" and rows["TAPE"][f"{mean_col} std"] == ""
+    md = (out / "README.md").read_text()
+    assert "| RoPE | 25.00 ± 7.07 | 2 |" in md
+    assert "77.7" not in md  # the W&B summary is never read
+
+
+def test_unfinished_and_missing_rows_never_show_numbers(rendered: tuple[Path, Path]) -> None:
+    _, out = rendered
+    rows = read_csv(out / "tables/addition_cpu.csv")
+    ours = [c for c in rows["FIRE"] if "paper" not in c and c not in ("PE", "seeds")]
+    assert {rows["FIRE"][c] for c in ours if not c.endswith((" std", " n"))} == {UNFINISHED}
+    assert {rows["NoPE"][c] for c in ours if not c.endswith((" std", " n"))} == {"not run"}
+    assert not (out / "figures/addition_cpu_fire.png").exists()  # its grid.csv is not a result
+    assert (out / "figures/addition_cpu_rope.png").is_file()
+    assert (out / "figures/addition_cpu_panel.png").is_file()
+    pre = read_csv(out / "tables/pretrain_cpu.csv")
+    assert float(pre["RoPE"]["ppl @ 512 tokens (4x)"]) == 200.0
+    assert pre["TAPE"]["ppl @ 128 tokens (1x)"] == "not run"
+
+
+def test_scrolls_table1_not_run_cells_and_labelled_paper_rows(rendered: tuple[Path, Path]) -> None:
+    _, out = rendered
+    rows = read_csv(out / "tables/scrolls_cpu.csv")
+    assert float(rows["TAPE (ours)"]["QAS F1"]) == 12.5
+    for col in ("CNLI EM", "NQA F1", "QuAL EM", "QMS Rgm", "SumS Rgm", "GovR Rgm"):
+        assert rows["TAPE (ours)"][col] == "not run: data unavailable"
+    assert {v for c, v in rows["RoPE (ours)"].items()
+            if c not in ("PE", "seeds") and not c.endswith((" std", " n"))} == {"not run: data unavailable"}
+    assert float(rows["TAPE (paper)"]["QuAL EM"]) == 11.60  # tape-spec E.2, in a row labelled paper
+    assert float(rows["RoPE (paper)"]["GovR Rgm"]) == 9.71
+
+
+@pytest.mark.parametrize("metrics, task, expected", [
+    ({"scrolls_score": 3.0, "f1": 9.0}, "qasper", 3.0),
+    ({"test_f1": 4.0}, "narrative_qa", 4.0),
+    ({"em": 50.0}, "contract_nli", 50.0),
+    ({"rouge/geometric_mean": 7.5, "rouge/rouge1": 20.0}, "gov_report", 7.5),
+    ({"rouge_gm": 6.0}, "qmsum", 6.0),
+    ({"f1": 9.0}, "quality", None),  # QuALITY is scored by exact match: f1 is not its score
+])
+def test_scrolls_score_keys(metrics: dict, task: str, expected: float | None) -> None:
+    assert scrolls_report.score(metrics, task) == expected
+
+
+def test_paper_columns_are_labelled(rendered: tuple[Path, Path]) -> None:
+    _, out = rendered
+    add = read_csv(out / "tables/addition_cpu.csv")
+    paper_cols = [c for c in add["TAPE"] if c.startswith("paper")]
+    assert len(paper_cols) == 2
+    assert {float(add["TAPE"][c]) for c in paper_cols} == {41.42, 32.82}  # tape-spec E.1
+    assert add["NoPE"][next(c for c in paper_cols if "Fig. 5" in c)] == "not reported"
+    for name in ("paper_table2_perplexity", "paper_fig3_passkey"):
+        header = (out / f"tables/{name}.csv").read_text().splitlines()[0].split(",")
+        assert all(h.startswith("paper") for h in header[1:])
+    md = (out / "README.md").read_text()
+    assert md.count("**the paper's**") >= 2 and "not ours" in md
+
+
+def test_context_extension_tables_and_figure(rendered: tuple[Path, Path]) -> None:
+    _, out = rendered
+    ppl = read_csv(out / "tables/context_extension_cpu_perplexity.csv")
+    assert float(ppl["TAPE"]["books 256"]) == 30.0 and float(ppl["LoRA"]["books 256"]) == 35.0
+    assert ppl["Theta Scaling"]["books 256"] == "not evaluated"
+    key = read_csv(out / "tables/context_extension_cpu_passkey.csv")
+    assert float(key["LoRA"]["<= 256 tokens (mean 240)"]) == pytest.approx(0.4)
+    assert (out / "figures/passkey_cpu.png").is_file()
+
+
+def test_latex_csv_markdown_and_provenance(rendered: tuple[Path, Path]) -> None:
+    _, out = rendered
+    tex = (out / "tables/addition_cpu.tex").read_text()
+    assert r"\begin{tabular}" in tex and r"RoPE & 25.00 $\pm$ 7.07 & 2 &" in tex and r"(\%)" in tex
+    assert r"TAPE & 41.00 & 1 &" in tex  # a single seed: its value, no ±
+    md = (out / "README.md").read_text()
+    assert "Provenance: 3 run(s) at commit(s) 0123456789ab" in md  # addition: rope 0, 1 and tape 0
+    assert "`python -m pipelines.train experiment=addition/cpu pe=rope seed=0`" in md
+    assert "CPU cores" in md and "rendered at commit" in md
+    assert "[efficiency.md](efficiency.md)" in md
+    inventory = list(csv.DictReader(open(out / "runs.csv")))
+    assert len(inventory) == 9
+    statuses = {(r["pe"], r["seed"], r["run_dir"].endswith("aaaaaa-0")): r["used"] for r in inventory
+                if r["experiment"] == "addition/cpu"}
+    assert statuses[("rope", "0", True)].startswith("no: superseded")
+
+
+def test_table_renderers_escape_and_expand() -> None:
+    t = Table("t", "a & b_c", ["PE", "x"], [["RoPE", Summary(1.0, 0.5, 2)], ["TAPE", Missing("a|b")]])
+    assert "| TAPE | a\\|b |" in to_markdown(t) and "| RoPE | 1.00 ± 0.50 |" in to_markdown(t)
+    assert r"\caption{a \& b\_c}" in to_latex(t)
+    lines = to_csv(t).splitlines()
+    assert lines[0] == "PE,x,x std,x n" and lines[1] == "RoPE,1.0,0.5,2" and lines[2] == "TAPE,a|b,,"
+    with pytest.raises(ValueError, match="cells"):
+        Table("bad", "bad", ["a", "b"], [["only one"]])
+
+
+# ------------------------------------------------------------------------------ re-rendering
+def test_rerender_keeps_everything_and_adds_new_runs(tmp_path: Path) -> None:
+    runs = build_runs(tmp_path)
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "efficiency.md").write_text("# kept\n")
+    first = render(runs, out)
+    snapshot = {p: p.read_bytes() for p in (out / "tables").glob("*.csv")}
+    second = render(runs, out)
+    assert sorted(map(str, first.files)) == sorted(map(str, second.files))
+    assert all(p.read_bytes() == data for p, data in snapshot.items())
+    assert (out / "efficiency.md").read_text() == "# kept\n"
+    make_run(runs, "addition/cpu", "nope", 0, "20261123-010000-eeeeee-2", addition_metrics(11.0),
+             ADD_CFG, {"grid.csv": grid_csv({(1, 1): 1, (1, 2): 1, (2, 1): 1, (2, 2): 1})})
+    render(runs, out)
+    rows = read_csv(out / "tables/addition_cpu.csv")
+    mean_col = next(c for c in rows["RoPE"] if c.endswith("mean accuracy (%)"))
+    assert float(rows["NoPE"][mean_col]) == 11.0 and float(rows["RoPE"][mean_col]) == 25.0
+    assert all(p.exists() for p in first.files)
+
+
+def test_scales_default_to_cpu_and_found_ones_but_not_smoke() -> None:
+    assert scales_to_render(["smoke", "paper", "cpu"], None) == ["cpu", "paper"]
+    assert scales_to_render(["smoke"], ["smoke"]) == ["smoke"]
+
+
+# ------------------------------------------------------------------------------ W&B
+def test_render_never_reads_wandb(tmp_path: Path) -> None:
+    runs = build_runs(tmp_path)
+    seen: list[str] = []
+    active = [True]
+
+    def hook(event: str, args: tuple) -> None:
+        if not active[0]:
+            return
+        if event == "open" and isinstance(args[0], (str, Path)):
+            seen.append(str(args[0]))
+        elif event in ("os.listdir", "os.scandir") and args and isinstance(args[0], (str, Path)):
+            seen.append(str(args[0]))
+        elif event == "import" and args and str(args[0]).split(".")[0] == "wandb":
+            seen.append(f"import {args[0]}")
+
+    sys.addaudithook(hook)
+    try:
+        report_main(["--runs", str(runs), "--out", str(tmp_path / "results")])
+    finally:
+        active[0] = False
+    assert any(p.endswith("metrics.json") for p in seen)  # the hook does see the reads
+    assert not [p for p in seen if "wandb" in Path(p).parts or p.startswith("import wandb")]
+
+
+# ------------------------------------------------------------------------------ figures
+def test_pool_seeds_and_panel() -> None:
+    a = [Cell(1, 1, 10, 10), Cell(1, 2, 10, 0)]
+    b = [Cell(1, 1, 10, 0), Cell(1, 2, 10, 10)]
+    pooled = pool_seeds([a, b])
+    assert pooled == [Cell(1, 1, 20, 10), Cell(1, 2, 20, 10)]
+    fig = plot_panel({"RoPE": a, "TAPE": b}, 1, "panel")
+    images = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title() for ax in images] == ["RoPE", "TAPE"]
+    assert images[1].images[0].get_array()[0, 0] == 0.0
