@@ -79,8 +79,12 @@ def build_runs(root: Path) -> Path:
     make_run(runs, "pretrain/cpu", "rope", 0, "20261122-220000-bbbbbb-0",
              {"task": "pretrain", "ppl_1x": 50.0, "ppl_2x": 80.0, "ppl_4x": 200.0, "wall_time_s": 60.0},
              {"task": {"name": "pretrain", "seq_len": 128}})
-    make_run(runs, "scrolls/cpu", "tape", 0, "20261122-230000-cccccc",
-             {"task": "scrolls/qasper", "f1": 12.5}, {"task": {"name": "scrolls/qasper"}})
+    # SCROLLS as conf/experiment/scrolls/cpu.yaml names it: experiment scrolls/cpu/<dataset>
+    make_run(runs, "scrolls/cpu/qasper", "tape", 0, "20261122-230000-cccccc",
+             {"task": "scrolls", "scrolls_task": "qasper", "scale": "cpu", "f1": 12.5,
+              "scrolls_score": 12.5}, {"task": {"name": "scrolls", "dataset": "qasper"}, "scale": "cpu"})
+    make_run(runs, "scrolls/cpu/quality", "tape", 0, "20261122-231000-cccccc", None,
+             {"task": {"name": "scrolls", "dataset": "quality"}, "scale": "cpu"})
     ppl = ("method,corpus,length,perplexity,nll,windows,scored_tokens\n"
            "base,books,256,40.0,3.7,2,510\ntape,books,256,30.0,3.4,2,510\n"
            "lora,books,256,35.0,3.5,2,510\n")
@@ -123,13 +127,15 @@ def test_find_runs_reads_layout_and_skips_wandb_models_multirun(tmp_path: Path) 
     (runs / "multirun/20261122-205210-0835a8").mkdir(parents=True)
     (runs / "context_extension/models/base-123").mkdir(parents=True)
     found = find_runs(runs)
-    assert len(found) == 9
+    assert len(found) == 10
     by_name = {r.name: r for r in found}
     fire = by_name["20261122-205210-0835a8-3"]
     assert (fire.experiment, fire.pe, fire.seed, fire.finished) == ("addition/cpu", "fire", 0, False)
     assert fire.scale == "cpu" and fire.task == "addition"  # from the path and config.yaml
     assert fire.commit == "0123456789abcdef0123"
     assert fire.command == "python -m pipelines.train experiment=addition/cpu pe=fire seed=0"
+    quality = by_name["20261122-231000-cccccc"]  # unfinished: scale from config.yaml, not the path
+    assert (quality.experiment, quality.scale, quality.task) == ("scrolls/cpu/quality", "cpu", "scrolls")
     newest = latest_finished(found)
     assert newest[("addition/cpu", "rope", 0)].name == "20261122-205210-0835a8-0"
 
@@ -188,7 +194,8 @@ def test_scrolls_table1_not_run_cells_and_labelled_paper_rows(rendered: tuple[Pa
     _, out = rendered
     rows = read_csv(out / "tables/scrolls_cpu.csv")
     assert float(rows["TAPE (ours)"]["QAS F1"]) == 12.5
-    for col in ("CNLI EM", "NQA F1", "QuAL EM", "QMS Rgm", "SumS Rgm", "GovR Rgm"):
+    assert rows["TAPE (ours)"]["QuAL EM"] == UNFINISHED
+    for col in ("CNLI EM", "NQA F1", "QMS Rgm", "SumS Rgm", "GovR Rgm"):
         assert rows["TAPE (ours)"][col] == "not run: data unavailable"
     assert {v for c, v in rows["RoPE (ours)"].items()
             if c not in ("PE", "seeds") and not c.endswith((" std", " n"))} == {"not run: data unavailable"}
@@ -243,7 +250,7 @@ def test_latex_csv_markdown_and_provenance(rendered: tuple[Path, Path]) -> None:
     assert "CPU cores" in md and "rendered at commit" in md
     assert "[efficiency.md](efficiency.md)" in md
     inventory = list(csv.DictReader(open(out / "runs.csv")))
-    assert len(inventory) == 9
+    assert len(inventory) == 10
     statuses = {(r["pe"], r["seed"], r["run_dir"].endswith("aaaaaa-0")): r["used"] for r in inventory
                 if r["experiment"] == "addition/cpu"}
     assert statuses[("rope", "0", True)].startswith("no: superseded")

@@ -51,9 +51,11 @@ def summary_table(runs: list[Run], scales: Iterable[str], stamp: str) -> Table:
     scales = list(scales)
     newest = latest_finished(runs)
     used = {id(r) for r in newest.values()}
-    per: dict[str, dict] = defaultdict(lambda: {"finished": 0, "unfinished": 0, "pes": set(), "wall": 0.0})
+    per: dict[str, dict] = defaultdict(lambda: {"finished": 0, "unfinished": 0, "pes": set(), "wall": 0.0,
+                                                "scale": ""})
     for r in runs:
         row = per[r.experiment]
+        row["scale"] = r.scale
         if r.finished:
             row["finished"] += 1
             if id(r) in used:
@@ -62,7 +64,7 @@ def summary_table(runs: list[Run], scales: Iterable[str], stamp: str) -> Table:
         else:
             row["unfinished"] += 1
     rows = [[exp, v["finished"], v["unfinished"], ", ".join(sorted(v["pes"])) or "-",
-             round(v["wall"] / 60, 1), "yes" if exp.rsplit("/", 1)[-1] in scales else "no"]
+             round(v["wall"] / 60, 1), "yes" if v["scale"] in scales else "no"]
             for exp, v in sorted(per.items())]
     return Table(name="runs_summary", title="Runs found",
                  columns=["experiment", "finished runs", "unfinished runs", "PEs / methods used",

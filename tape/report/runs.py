@@ -49,14 +49,19 @@ class Run:
 
     @property
     def family(self) -> str:
-        """The experiment without its scale: "addition" for "addition/cpu"."""
-        return self.experiment.rsplit("/", 1)[0] if "/" in self.experiment else self.experiment
+        """The experiment's first part: "addition" for "addition/cpu"."""
+        return self.experiment.split("/")[0]
 
     @property
     def scale(self) -> str:
+        """metrics.json ``scale``, else config.yaml ``scale``, else the experiment's second part
+        (``addition/cpu`` -> cpu; ``scrolls/cpu/qasper`` -> cpu)."""
         if self.metrics and self.metrics.get("scale"):
             return str(self.metrics["scale"])
-        return self.experiment.rsplit("/", 1)[-1]
+        if self.config().get("scale"):
+            return str(self.config()["scale"])
+        parts = self.experiment.split("/")
+        return parts[1] if len(parts) > 1 else parts[0]
 
     @property
     def task(self) -> str:
