@@ -1,0 +1,251 @@
+"""Run every experiment of the paper at one profile, then render results/:
+``python -m pipelines.reproduce --profile cpu`` (runs here, skipping finished runs) or
+``--profile paper`` (prints the Hydra multirun commands, renders whatever has finished).
+
+Order: addition (5 PEs), pretraining (7 PEs), SCROLLS (from the pretraining runs; only the
+datasets whose data are present), context extension (4 recipes), efficiency benchmark. A run is
+finished when a run directory of its experiment / PE / seed holds metrics.json (see
+tape/report/runs.py), so an interrupted reproduction continues where it stopped. ``--dry-run``
+shows the plan and runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tape.data.scrolls import ScrollsDataError, local_files
+from tape.report.paper import ADDITION_PES, PRETRAIN_PES, SCROLLS_ORDER, SCROLLS_PES
+from tape.report.render import render
+from tape.report.runs import Run, find_runs, latest_finished
+
+PROFILES = ("cpu", "paper")
+# The paper profile needs inputs only the user has; the printed commands show where they go.
+PAPER_EXTEND_INPUTS = ("model.pretrained_path=/path/to/Llama-2-7b-hf",
+                       "data.eval_files.pg19=/path/to/pg19/test.bin",
+                       "data.eval_files.proof_pile=/path/to/proof-pile/test_sampled_data.bin")
+
+
+@dataclass
+class Step:
+    """One experiment of the reproduction: which runs it needs and how to launch them."""
+
+    name: str
+    entry: str  # python -m <entry>
+    experiment: str  # the experiment_name its runs record ("addition/cpu"); "" = not run-based
+    pes: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = (0,)
+    overrides: tuple[str, ...] = ()
+    datasets: tuple[str, ...] = ()  # SCROLLS: one experiment per dataset (scrolls/<scale>/<dataset>)
+    unavailable: str = ""  # why the step cannot run here ("" = it can)
+    done_file: Path | None = None  # for steps that write a file instead of a run directory
+
+    def experiments(self) -> list[str]:
+        return [f"{self.experiment}/{d}" for d in self.datasets] if self.datasets else [self.experiment]
+
+
+@dataclass
+class Outcome:
+    """What happened to one step: runs ran / skipped / left, and its wall time."""
+
+    step: Step
+    skipped: int = 0
+    ran: int = 0
+    left: int = 0
+    wall_s: float = 0.0
+    returncodes: list[int] = field(default_factory=list)
+    note: str = ""
+
+
+# ---------------------------------------------------------------------------- the plan
+def scrolls_datasets(data_dir: Path | None) -> tuple[tuple[str, ...], str]:
+    """The SCROLLS datasets with local train/validation JSONL under ``data_dir``, and a note."""
+    if data_dir is None:
+        return (), "not run: data unavailable (no --scrolls-data folder given)"
+    present = []
+    for name in SCROLLS_ORDER:
+        try:
+            local_files(name, data_dir, ("train", "validation"))
+            present.append(name)
+        except ScrollsDataError:
+            pass
+    note = "" if present else f"not run: data unavailable (no <dataset>/train.jsonl under {data_dir})"
+    return tuple(present), note
+
+
+def plan(profile: str, seeds: Sequence[int] = (0,), out_dir: Path = Path("results"),
+         scrolls_data: Path | None = Path("data/scrolls")) -> list[Step]:
+    """Every experiment at ``profile`` in the order it runs."""
+    if profile not in PROFILES:
+        raise ValueError(f"--profile {profile!r}: choose one of {PROFILES}")
+    seeds = tuple(seeds)
+    datasets, scrolls_note = scrolls_datasets(scrolls_data)
+    scrolls_extra = (f"task.data_dir={scrolls_data}",) if datasets else ()
+    if profile == "paper":  # the hub may be reachable on a cluster: print every dataset
+        datasets, scrolls_note, scrolls_extra = SCROLLS_ORDER, "", ()
+    bench = ("device=cuda", "scale=paper") if profile == "paper" else ()
+    return [
+        Step("addition", "pipelines.train", f"addition/{profile}", ADDITION_PES, seeds),
+        Step("pretrain", "pipelines.train", f"pretrain/{profile}", PRETRAIN_PES, seeds),
+        Step("scrolls", "pipelines.train", f"scrolls/{profile}", SCROLLS_PES, seeds,
+             ("task.pretrained_run=last", *scrolls_extra), datasets=datasets, unavailable=scrolls_note),
+        Step("context_extension", "pipelines.extend", f"context_extension/{profile}", ("llama",), seeds,
+             PAPER_EXTEND_INPUTS if profile == "paper" else ()),
+        Step("benchmark", "pipelines.benchmark", "", overrides=(*bench, f"output_dir={out_dir}"),
+             done_file=out_dir / "efficiency.json"),
+    ]
+
+
+def pending(step: Step, runs: Sequence[Run]) -> list[tuple[str, str, int]]:
+    """(experiment, pe, seed) of the step's runs that have not finished."""
+    if step.unavailable or step.done_file is not None:
+        return []
+    done = latest_finished(runs)
+    return [(exp, pe, seed) for exp in step.experiments() for pe in step.pes for seed in step.seeds
+            if (exp, pe, seed) not in done]
+
+
+def total(step: Step) -> int:
+    if step.unavailable:
+        return 0
+    return 1 if step.done_file is not None else len(step.experiments()) * len(step.pes) * len(step.seeds)
+
+
+def commands(step: Step, todo: Sequence[tuple[str, str, int]] | None = None) -> list[list[str]]:
+    """The commands that run ``todo`` (default: all of the step's runs); one Hydra multirun per
+    seed (and per SCROLLS dataset set), over the PEs still missing for that seed."""
+    base = ["python", "-m", step.entry]
+    if step.done_file is not None:
+        return [base + list(step.overrides)]
+    if step.entry == "pipelines.extend":
+        seeds = sorted({s for _, _, s in todo}) if todo is not None else list(step.seeds)
+        return [base + [f"experiment={step.experiment}", f"seed={s}", *step.overrides] for s in seeds]
+    todo = list(todo) if todo is not None else [(e, p, s) for e in step.experiments()
+                                                  for p in step.pes for s in step.seeds]
+    out = []
+    for seed in sorted({s for _, _, s in todo}):
+        for pe_set, exps in _by_pe_set([(e, p) for e, p, s in todo if s == seed]).items():
+            argv = base + ["-m", f"experiment={step.experiment}", f"pe={','.join(pe_set)}", f"seed={seed}"]
+            if step.datasets:
+                argv.append("task.dataset=" + ",".join(e.rsplit("/", 1)[-1] for e in exps))
+            out.append(argv + list(step.overrides))
+    return out
+
+
+def _by_pe_set(pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, ...], list[str]]:
+    """Experiments grouped by the PEs they still need, so a multirun never repeats a finished run."""
+    need: dict[str, list[str]] = {}
+    for exp, pe in pairs:
+        need.setdefault(exp, []).append(pe)
+    grouped: dict[tuple[str, ...], list[str]] = {}
+    for exp, pes in need.items():
+        grouped.setdefault(tuple(pes), []).append(exp)
+    return grouped
+
+
+# ---------------------------------------------------------------------------- running
+Runner = Callable[[list[str]], int]
+
+
+def run_command(argv: list[str]) -> int:
+    """Run one command with this interpreter (``python`` -> sys.executable); its return code."""
+    argv = [sys.executable if a == "python" and i == 0 else a for i, a in enumerate(argv)]
+    return subprocess.run(argv).returncode
+
+
+def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
+            dry_run: bool = False, log: Callable[[str], None] = print) -> list[Outcome]:
+    """Run each step's unfinished runs in order; never re-run a finished one."""
+    outcomes = []
+    for step in steps:
+        out = Outcome(step, note=step.unavailable)
+        if step.unavailable:
+            log(f"[{step.name}] {step.unavailable}")
+            outcomes.append(out)
+            continue
+        if step.done_file is not None:
+            if step.done_file.is_file():
+                out.skipped = 1
+                log(f"[{step.name}] skipped: {step.done_file} exists (delete it to re-run)")
+            else:
+                out.left = 1
+                out.wall_s, out.returncodes = _launch(step, commands(step), runner, dry_run, log)
+                out.ran, out.left = (1, 0) if step.done_file.is_file() else (0, 1)
+            outcomes.append(out)
+            continue
+        todo = pending(step, find_runs(runs_dir))
+        out.skipped = total(step) - len(todo)
+        log(f"[{step.name}] {out.skipped} finished run(s) skipped, {len(todo)} to run")
+        if todo:
+            out.wall_s, out.returncodes = _launch(step, commands(step, todo), runner, dry_run, log)
+        left = pending(step, find_runs(runs_dir))
+        out.ran, out.left = len(todo) - len(left), len(left)
+        outcomes.append(out)
+    return outcomes
+
+
+def _launch(step: Step, argvs: list[list[str]], runner: Runner, dry_run: bool,
+            log: Callable[[str], None]) -> tuple[float, list[int]]:
+    t0, codes = time.perf_counter(), []
+    for argv in argvs:
+        log(f"[{step.name}] {'would run' if dry_run else 'running'}: {shlex.join(argv)}")
+        if not dry_run:
+            codes.append(runner(argv))
+            if codes[-1]:
+                log(f"[{step.name}] exited with {codes[-1]}; going on with the next command")
+    return time.perf_counter() - t0, codes
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    """The progress table: per step, runs ran / skipped / left and its wall time."""
+    lines = ["| step | ran | skipped (finished before) | left | wall time (min) | note |",
+             "|---|---|---|---|---|---|"]
+    for o in outcomes:
+        note = o.note or ("; ".join(f"exit {c}" for c in o.returncodes if c) or "")
+        lines.append(f"| {o.step.name} | {o.ran} | {o.skipped} | {o.left} | {o.wall_s / 60:.1f} | {note} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- entry point
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m pipelines.reproduce", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", choices=PROFILES, default="cpu")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--runs", type=Path, default=Path("runs"))
+    p.add_argument("--out", type=Path, default=Path("results"))
+    p.add_argument("--scrolls-data", type=Path, default=Path("data/scrolls"),
+                   help="local SCROLLS JSONL (<dataset>/{train,validation}.jsonl); datasets "
+                        "missing there are not run at the cpu profile")
+    p.add_argument("--dry-run", action="store_true", help="show what would run; run nothing")
+    p.add_argument("--no-report", action="store_true", help="do not render results/ at the end")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int:
+    args = parse_args(argv)
+    steps = plan(args.profile, args.seeds, args.out, args.scrolls_data)
+    if args.profile == "paper":
+        print("Paper-scale commands (GPUs, the data sets and Llama-2 weights needed; see conf/experiment/*/paper.yaml):")
+        for step in steps:
+            for argv_ in commands(step):
+                print("  " + shlex.join(argv_))
+    else:
+        t0 = time.perf_counter()
+        outcomes = execute(steps, args.runs, runner, dry_run=args.dry_run)
+        print(summary(outcomes))
+        print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
+    if not args.no_report and not args.dry_run:
+        done = render(args.runs, args.out)  # cpu and every other scale that has runs
+        print(f"report: {len(done.files)} files under {args.out}/ ({args.out / 'README.md'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
