@@ -46,6 +46,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     run_dir = Path(cfg.paths.output_dir)
     task = get_task(cfg.task.name)
     check_trainer(cfg)
+    if hasattr(task, "prepare"):  # e.g. fine-tuning adopts its pretrained run's model config
+        task.prepare(cfg)
     task.validate(cfg)  # every config error surfaces here, before any training
     ckpt = resolve_ckpt_path(cfg, run_dir)
     if is_rank_zero():
@@ -54,6 +56,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     L.seed_everything(cfg.seed, workers=True)
     datamodule = task.datamodule(cfg)
     module = build_module(cfg)
+    if ckpt is None and hasattr(task, "initialize"):  # e.g. load pretrained weights
+        task.initialize(module.model, cfg)
     loggers = instantiate_group(cfg.get("logger"))
     callbacks = instantiate_group(cfg.get("callbacks")) + list(extra_callbacks)
     if not loggers:  # LearningRateMonitor refuses to run without a logger

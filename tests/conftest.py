@@ -58,3 +58,31 @@ def make_cfg(tmp_path: Path) -> Callable[..., DictConfig]:
 
     yield make
     GlobalHydra.instance().clear()
+
+
+# ---------------------------------------------------------------------------- text data
+INVENTED_VOCAB = 300
+_WORDS = "the king and queen of the land spake unto them saying come hither now thou art".split()
+
+
+def invented_documents(prefix: str, n: int, words: int = 600) -> list:
+    """Invented documents (seeded by prefix) standing in for the books corpus in tests."""
+    import random
+
+    from tape.data.corpus import Document
+
+    rng = random.Random(prefix)
+    return [Document(f"{prefix}/{i:03d}", " ".join(rng.choice(_WORDS) for _ in range(words)))
+            for i in range(n)]
+
+
+@pytest.fixture(scope="session")
+def invented_text_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data_dir whose 'books' corpus (BPE of INVENTED_VOCAB tokens, 20 % held out) is built
+    from invented documents exactly as prepare_text_data builds the real one."""
+    from tape.data.text import prepare_text_data
+
+    root = tmp_path_factory.mktemp("text_data")
+    corpora = {"books": invented_documents("b", 40), "stdlib": invented_documents("s", 2)}
+    prepare_text_data(root, vocab_size=INVENTED_VOCAB, heldout_percent=20, load=corpora.__getitem__)
+    return root

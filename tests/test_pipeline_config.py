@@ -48,7 +48,7 @@ def test_preset_composes_validates_and_instantiates(preset: str, tmp_path: Path)
     cfg = compose_config("config", [f"experiment={preset}", "pe=tape"])
     with open_dict(cfg):
         cfg.paths.output_dir = str(tmp_path)
-    assert cfg.experiment_name == preset and cfg.scale == preset.split("/")[-1]
+    assert cfg.experiment_name.startswith(preset) and cfg.scale == preset.split("/")[-1]
     check_trainer(cfg)
     get_task(cfg.task.name).validate(cfg)
     mc = model_config(cfg)

@@ -6,38 +6,24 @@ from __future__ import annotations
 import csv
 import gzip
 import json
-import random
 from pathlib import Path
 
 import pytest
 from omegaconf import open_dict
 
-from conftest import compose_config
+from conftest import INVENTED_VOCAB, compose_config
 from pipelines.tasks import pretrain
 from pipelines.train import train
 from pipelines.utils import PipelineConfigError, model_config
 from test_pipeline_train import Kill
-from tape.data.corpus import Document
 from tape.data.streaming import PackedTextStream, open_text_stream, pack_blocks
-from tape.data.text import prepare_text_data
 
-WORDS = "the king and queen of the land spake unto them saying come hither now thou art".split()
-VOCAB = 300
-
-
-def invented(prefix: str, n: int, words: int = 600) -> list[Document]:
-    rng = random.Random(prefix)
-    return [Document(f"{prefix}/{i:03d}", " ".join(rng.choice(WORDS) for _ in range(words)))
-            for i in range(n)]
+VOCAB = INVENTED_VOCAB
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An invented 'books' corpus prepared exactly as the real one (BPE + token files)."""
-    root = tmp_path_factory.mktemp("data")
-    corpora = {"books": invented("b", 40), "stdlib": invented("s", 2)}
-    prepare_text_data(root, vocab_size=VOCAB, heldout_percent=20, load=corpora.__getitem__)
-    return root
+def data_dir(invented_text_data: Path) -> Path:
+    return invented_text_data
 
 
 def pretrain_cfg(make_cfg, data_dir: Path, *overrides: str, name: str = "run"):

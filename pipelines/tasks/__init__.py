@@ -2,7 +2,9 @@
 
 A task module provides ``validate(cfg)`` (raise PipelineConfigError before any training),
 ``datamodule(cfg)`` (a LightningDataModule with ``vocab_size``) and
-``evaluate(model, task_cfg, out_dir, title)`` (write artifacts into out_dir, return flat metrics).
+``evaluate(model, task_cfg, out_dir, title)`` (write artifacts into out_dir, return flat metrics);
+optionally ``prepare(cfg)`` (complete the config in place before validation) and
+``initialize(model, cfg)`` (e.g. load pretrained weights into a fresh, not resumed, model).
 Later tasks (pretrain, scrolls/*, passkey, ...) register here.
 """
 
@@ -13,7 +15,11 @@ from types import ModuleType
 
 from pipelines.utils import PipelineConfigError
 
-TASKS = {"addition": "pipelines.tasks.addition", "pretrain": "pipelines.tasks.pretrain"}
+TASKS = {
+    "addition": "pipelines.tasks.addition",
+    "pretrain": "pipelines.tasks.pretrain",
+    "scrolls": "pipelines.tasks.scrolls",
+}
 
 
 def get_task(name: str) -> ModuleType:

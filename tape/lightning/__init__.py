@@ -1,7 +1,9 @@
 """Lightning wrappers around the pure-PyTorch library: modules, data modules, callbacks."""
 
 from tape.lightning.callbacks import TokensPerSecond
-from tape.lightning.datamodule import AdditionDataModule, StreamTextDataModule, TextDataModule
+from tape.lightning.datamodule import (
+    AdditionDataModule, FineTuneDataModule, StreamTextDataModule, TextDataModule,
+)
 from tape.lightning.module import CausalLMModule
 
-__all__ = ["AdditionDataModule", "CausalLMModule", "StreamTextDataModule", "TextDataModule", "TokensPerSecond"]
+__all__ = ["AdditionDataModule", "FineTuneDataModule", "CausalLMModule", "StreamTextDataModule", "TextDataModule", "TokensPerSecond"]

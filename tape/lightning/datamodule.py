@@ -1,15 +1,32 @@
-"""Data modules: addition (seeded sums), packed local text and streamed text (pretraining)."""
+"""Data modules: addition (seeded sums), packed local or streamed text (pretraining) and
+pre-tokenised rows (fine-tuning). Training streams are seeded per batch index (exact resume)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import lightning as L
 import numpy as np
-from torch.utils.data import DataLoader
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, IterableDataset
 
 from tape.data.addition import VAL_STREAM, VOCAB_SIZE, AdditionStream, bucket_examples, collate
+from tape.data.scrolls import collate as scrolls_collate
 from tape.data.text import TokenBlockStream, spread_blocks
+
+
+def stream_position(trainer: L.Trainer | None) -> tuple[int, int, int]:
+    """(first batch index, rank, world size) for a seeded training stream. On resume Lightning
+    restores global_step before asking for the loader, so the stream continues at the first
+    batch the interrupted run had not trained on."""
+    if trainer is None:
+        return 0, 0, 1
+    return trainer.global_step * trainer.accumulate_grad_batches, trainer.global_rank, trainer.world_size
+
+
+def loader(stream: IterableDataset) -> DataLoader:
+    return DataLoader(stream, batch_size=None, num_workers=0)  # streams yield whole batches
 
 
 class AdditionDataModule(L.LightningDataModule):
@@ -28,13 +45,9 @@ class AdditionDataModule(L.LightningDataModule):
         self.val_batch_size = val_batch_size or batch_size
 
     def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        # On resume Lightning restores global_step before asking for this loader, so the stream
-        # continues at the first batch the interrupted run had not trained on.
-        start = trainer.global_step * trainer.accumulate_grad_batches if trainer else 0
-        rank = trainer.global_rank if trainer else 0
+        start, rank, _ = stream_position(self.trainer)
         stream = AdditionStream(self.seed, self.max_digits, self.batch_size, rank=rank, start=start)
-        return DataLoader(stream, batch_size=None, num_workers=0)
+        return loader(stream)
 
     def val_dataloader(self) -> DataLoader:
         examples = bucket_examples(self.seed, self.val_examples, self.max_digits, stream=VAL_STREAM)
@@ -54,12 +67,10 @@ class TextDataModule(L.LightningDataModule):
         self.seed, self.vocab_size = seed, vocab_size
 
     def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        start = trainer.global_step * trainer.accumulate_grad_batches if trainer else 0
-        rank = trainer.global_rank if trainer else 0
+        start, rank, _ = stream_position(self.trainer)
         stream = TokenBlockStream(self.train_tokens, self.seq_len, self.batch_size, self.seed,
                                   rank=rank, start=start)
-        return DataLoader(stream, batch_size=None, num_workers=0)
+        return loader(stream)
 
     def val_dataloader(self) -> DataLoader:
         blocks = spread_blocks(self.val_tokens, self.seq_len, self.val_blocks)  # (M, L)
@@ -79,9 +90,53 @@ class StreamTextDataModule(L.LightningDataModule):
         self.vocab_size = vocab_size
 
     def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        start = trainer.global_step * trainer.accumulate_grad_batches if trainer else 0
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer else (0, 1)
-        return DataLoader(self.make_stream(rank, world, start), batch_size=None, num_workers=0)
+        start, rank, world = stream_position(self.trainer)
+        return loader(self.make_stream(rank, world, start))
 
     val_dataloader = TextDataModule.val_dataloader
+
+
+class RowSampleStream(IterableDataset):
+    """Endless batches drawn with replacement from fixed, equal-length rows (fine-tuning sets);
+    batch k of rank r depends on (seed, r, k) only, so resume is exact."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Sequence[int]]], batch_size: int, seed: int,
+                 rank: int = 0, start: int = 0) -> None:
+        super().__init__()
+        self.rows, self.batch_size, self.seed, self.rank, self.start = rows, batch_size, seed, rank, start
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        index = self.start
+        while True:
+            rng = np.random.default_rng([self.seed, self.rank, index])
+            picks = rng.integers(0, len(self.rows), size=self.batch_size)
+            batch = {k: v for k, v in scrolls_collate([self.rows[i] for i in picks]).items()
+                     if k != "attention_mask"}
+            yield {**batch, "batch_index": torch.tensor(index)}
+            index += 1
+
+
+class FineTuneDataModule(L.LightningDataModule):
+    """Supervised fine-tuning on pre-tokenised rows ({input_ids, labels, attention_mask}, one
+    length): seeded sampling for training, the validation rows in order."""
+
+    def __init__(self, train_rows: Sequence[Mapping[str, Sequence[int]]],
+                 val_rows: Sequence[Mapping[str, Sequence[int]]], batch_size: int, seed: int,
+                 vocab_size: int) -> None:
+        super().__init__()
+        if not train_rows or not val_rows:
+            raise ValueError(f"fine-tuning needs rows: {len(train_rows)} train, {len(val_rows)} validation")
+        self.train_rows, self.val_rows = train_rows, val_rows
+        self.batch_size, self.seed, self.vocab_size = batch_size, seed, vocab_size
+
+    def train_dataloader(self) -> DataLoader:
+        start, rank, _ = stream_position(self.trainer)
+        stream = RowSampleStream(self.train_rows, self.batch_size, self.seed, rank=rank, start=start)
+        return loader(stream)
+
+    def val_dataloader(self) -> DataLoader:
+        def collate_rows(rows: Sequence[Mapping[str, Sequence[int]]]) -> dict[str, Tensor]:
+            return {k: v for k, v in scrolls_collate(rows).items() if k != "attention_mask"}
+
+        return DataLoader(self.val_rows, batch_size=self.batch_size, shuffle=False,
+                          collate_fn=collate_rows)

@@ -1,11 +1,46 @@
-"""Greedy decoding with a KV cache, for our DecoderLM and for Hugging Face causal LMs alike
-(both take input_ids / attention_mask / position_ids / past_key_values / use_cache and return
-.logits and .past_key_values)."""
+"""Decoding with a KV cache, for our DecoderLM and for Hugging Face causal LMs alike (both take
+input_ids / attention_mask / position_ids / past_key_values / use_cache and return .logits and
+.past_key_values). Greedy by default; ``choose=TopKTopPSampler(...)`` samples (seeded)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor, nn
+
+Choose = Callable[[Tensor], Tensor]  # (B, V) logits -> (B,) next token ids
+
+
+def argmax_choice(logits: Tensor) -> Tensor:
+    return logits.argmax(-1)
+
+
+class TopKTopPSampler:
+    """Sample the next token from softmax(logits) restricted to the ``top_k`` most likely tokens
+    and/or the smallest set whose probability reaches ``top_p`` (None: no restriction; note that
+    Hugging Face's generate() adds top_k=50 by default, this does not). Seeded by ``seed``."""
+
+    def __init__(self, top_k: int | None = None, top_p: float | None = None, seed: int = 0) -> None:
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k={top_k} must be >= 1")
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p={top_p} must be in (0, 1]")
+        self.top_k, self.top_p, self.seed = top_k, top_p, seed
+        self.generator: torch.Generator | None = None
+
+    def __call__(self, logits: Tensor) -> Tensor:  # (B, V) -> (B,)
+        if self.generator is None or self.generator.device != logits.device:
+            self.generator = torch.Generator(device=logits.device).manual_seed(self.seed)
+        logits = logits.float()
+        if self.top_k is not None and self.top_k < logits.shape[-1]:
+            kth = logits.topk(self.top_k, dim=-1).values[:, -1:]  # (B, 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            probs, order = logits.softmax(-1).sort(dim=-1, descending=True)
+            drop = probs.cumsum(-1) - probs >= self.top_p  # keep the first token that crosses top_p
+            logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        return torch.multinomial(logits.softmax(-1), 1, generator=self.generator)[:, 0]
 
 
 def positions_from_mask(mask: Tensor, n_last: int) -> Tensor:
@@ -22,10 +57,12 @@ def greedy_generate(
     eos_token_id: int | None = None,
     use_cache: bool = True,
     return_logits: bool = False,
+    choose: Choose = argmax_choice,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Returns (B, N + max_new_tokens) ids; a sequence that emitted ``eos_token_id`` keeps
     emitting it. With ``return_logits`` also the (B, new, V) logits each token came from.
-    ``use_cache=False`` recomputes the whole prefix every step (a reference for tests)."""
+    ``use_cache=False`` recomputes the whole prefix every step (a reference for tests).
+    ``choose`` picks each next token from the logits (greedy unless a sampler is given)."""
     was_training = model.training
     model.eval()
     try:
@@ -43,7 +80,7 @@ def greedy_generate(
                 out = model(input_ids=ids, attention_mask=mask,
                             position_ids=positions_from_mask(mask, ids.shape[1]))
             logits = out.logits[:, -1]  # (B, V)
-            nxt = logits.argmax(-1)
+            nxt = choose(logits)
             if eos_token_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
                 done = done | (nxt == eos_token_id)

@@ -1,0 +1,221 @@
+"""SCROLLS fine-tuning from a pretrained run, generation and the official-style scoring
+(tape-spec D.2, paper Table 1). One run = one SCROLLS dataset (``task.dataset``).
+
+``task.pretrained_run`` names a finished ``pipelines.train`` pretraining run (its directory, or
+``last`` = the newest finished run of ``task.pretrain_experiment`` with this PE and seed). The
+fine-tuning model adopts that run's model and PE config (only ``max_seq_len`` becomes
+``task.lengths.seq_len``), starts from its ``checkpoints/last.ckpt`` and uses its tokenizer.
+Data come from ``task.data_dir`` (local JSONL) or the hub (``tau/scrolls``); with neither, the run
+fails at once with what to do. Evaluation generates on the validation split (greedy for QA/NLI,
+seeded sampling for summaries, as the paper), writes ``predictions.json`` ({id: prediction}) and
+``scores.json``, and returns the task's metric.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from pipelines.utils import PipelineConfigError, model_config
+from tape.data.scrolls import (
+    SUMMARY_SUFFIX, TASKS, Lengths, ScrollsDataError, get_task, group_references, load_scrolls,
+    prompt_ids, training_row,
+)
+from tape.lightning import FineTuneDataModule
+from tape.metrics.scrolls import score_file
+from tape.model.generate import TopKTopPSampler, argmax_choice, greedy_generate
+
+
+# ---------------------------------------------------------------------------- pretrained run
+def _find_pretrained(cfg: DictConfig) -> Path:
+    value = cfg.task.get("pretrained_run")
+    if value in (None, ""):
+        raise PipelineConfigError(
+            "task.pretrained_run is not set: SCROLLS fine-tunes a pretrained model. Pass the run "
+            "directory that `python -m pipelines.train experiment=pretrain/<scale> pe=<pe>` printed, "
+            "or task.pretrained_run=last for the newest finished one with this pe and seed"
+        )
+    if value == "last":
+        pattern = f"{cfg.task.pretrain_experiment}/{cfg.pe.name}/{cfg.seed}/*/metrics.json"
+        found = sorted(Path(cfg.paths.runs_dir).glob(pattern), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise PipelineConfigError(
+                f"task.pretrained_run=last: no finished run matches {Path(cfg.paths.runs_dir) / pattern}; "
+                f"pretrain first (python -m pipelines.train experiment={cfg.task.pretrain_experiment} "
+                f"pe={cfg.pe.name} seed={cfg.seed})"
+            )
+        return found[-1].parent
+    run = Path(str(value))
+    for need in ("config.yaml", "checkpoints/last.ckpt"):
+        if not (run / need).is_file():
+            raise PipelineConfigError(f"task.pretrained_run={value}: {run / need} not found; pass "
+                                      "the directory of a finished pretraining run")
+    return run
+
+
+def prepare(cfg: DictConfig) -> None:
+    """Adopt the pretrained run's model, PE and vocabulary (in place, before validation)."""
+    run = _find_pretrained(cfg)
+    run_cfg = OmegaConf.load(run / "config.yaml")
+    if run_cfg.task.name != "pretrain":
+        raise PipelineConfigError(f"task.pretrained_run={run} is a {run_cfg.task.name!r} run, not pretraining")
+    if run_cfg.pe.name != cfg.pe.name:
+        raise PipelineConfigError(
+            f"task.pretrained_run={run} was pretrained with pe={run_cfg.pe.name}; pass "
+            f"pe={run_cfg.pe.name} (run directories are named by PE)"
+        )
+    seq_len = int(cfg.task.lengths.seq_len)
+    with open_dict(cfg):
+        cfg.task.pretrained_run = str(run)
+        cfg.task.pretrained = run_cfg.task  # how to rebuild the tokenizer at evaluation
+        cfg.task.vocab_size = int(run_cfg.task.vocab_size)
+        cfg.pe = run_cfg.pe
+        cfg.model = OmegaConf.merge(run_cfg.model, {"max_seq_len": seq_len})
+        # RandPE's range grows to the fine-tuning length when that is longer (as the paper's code)
+        if cfg.model.get("randpe_max_position") and cfg.model.randpe_max_position < seq_len:
+            cfg.model.randpe_max_position = seq_len
+
+
+def initialize(model: torch.nn.Module, cfg: DictConfig) -> None:
+    """Load the pretrained weights (every tensor must match: same model, same PE)."""
+    ckpt = Path(cfg.task.pretrained_run) / "checkpoints" / "last.ckpt"
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    except Exception as err:  # truncated or foreign file
+        raise PipelineConfigError(f"task.pretrained_run: cannot read {ckpt} ({err})") from err
+    weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    model.load_state_dict(weights, strict=True)
+
+
+# ---------------------------------------------------------------------------- tokenizer
+class TokenizerView:
+    """encode / decode / bos / eos / pad of the pretrained run's tokenizer."""
+
+    def __init__(self, pretrain_task: DictConfig) -> None:
+        if pretrain_task.corpus == "books":
+            from tape.data.text import prepare_text_data
+
+            tok = prepare_text_data(pretrain_task.data_dir, int(pretrain_task.vocab_size),
+                                    int(pretrain_task.heldout_percent)).tokenizer()
+            self.encode: Callable[[str], list[int]] = tok.encode
+            self.decode: Callable[[Sequence[int]], str] = tok.decode
+            self.bos_id, self.eos_id, self.pad_id = tok.bos_id, tok.eos_id, tok.pad_id
+        else:
+            from pipelines.tasks.pretrain import _hf_tokenizer
+
+            tok = _hf_tokenizer(pretrain_task)
+            self.encode = lambda text: tok.encode(text, add_special_tokens=False)
+            self.decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
+            self.bos_id, self.eos_id = tok.bos_token_id, tok.eos_token_id
+            self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+
+def lengths_for(t: DictConfig, tok: TokenizerView) -> Lengths:
+    """task.lengths, with summary_tail null = the instruction's length under this tokenizer."""
+    values = OmegaConf.to_container(t.lengths, resolve=True)
+    if values.get("summary_tail") is None:
+        values["summary_tail"] = len(tok.encode(SUMMARY_SUFFIX))
+    try:
+        return Lengths(**values)
+    except ValueError as err:
+        raise PipelineConfigError(f"task.lengths: {err}") from err
+
+
+# ---------------------------------------------------------------------------- task interface
+def validate(cfg: DictConfig) -> None:
+    t = cfg.task
+    if t.dataset not in TASKS:
+        raise PipelineConfigError(f"task.dataset={t.dataset!r}; choose one of {list(TASKS)}")
+    for key in ("batch_size", "val_rows"):
+        if int(t[key]) < 1:
+            raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
+    values = {k: v for k, v in OmegaConf.to_container(t.lengths, resolve=True).items() if v is not None}
+    try:
+        Lengths(**values)
+    except ValueError as err:
+        raise PipelineConfigError(f"task.lengths: {err}") from err
+    model_config(cfg)  # the adopted model must still be a valid one
+
+
+def _load(t: DictConfig, splits: Sequence[str]) -> Any:
+    try:
+        return load_scrolls(t.dataset, t.data_dir or None, splits)
+    except ScrollsDataError as err:
+        raise PipelineConfigError(str(err)) from err
+
+
+def _rows(data: Any, t: DictConfig, tok: TokenizerView, lengths: Lengths, limit: int | None) -> list[dict]:
+    rows = []
+    for row in data:
+        if row["output"] is None:
+            continue
+        rows.append(training_row(t.dataset, row["input"], row["output"], tok.encode, bos_id=tok.bos_id,
+                                 eos_id=tok.eos_id, pad_id=tok.pad_id, lengths=lengths,
+                                 answer_prefix=t.answer_prefix))
+        if limit is not None and len(rows) >= limit:
+            break
+    return rows
+
+
+def datamodule(cfg: DictConfig) -> FineTuneDataModule:
+    t = cfg.task
+    data = _load(t, ("train", "validation"))
+    tok = TokenizerView(t.pretrained)
+    lengths = lengths_for(t, tok)
+    return FineTuneDataModule(
+        _rows(data["train"], t, tok, lengths, t.get("max_train_rows")),
+        _rows(data["validation"], t, tok, lengths, int(t.val_rows)),
+        batch_size=int(t.batch_size), seed=cfg.seed, vocab_size=int(t.vocab_size),
+    )
+
+
+@torch.no_grad()
+def predict(model: Any, t: DictConfig, tok: TokenizerView, lengths: Lengths, examples: Sequence[Any]) -> dict[str, str]:
+    """{id: generated text}: greedy for QA/NLI, seeded top-k / top-p sampling for summaries."""
+    spec = get_task(t.dataset)
+    max_new = lengths.summary_answer if spec.is_summary else lengths.qa_answer
+    device = next(model.parameters()).device
+    out: dict[str, str] = {}
+    for i, ex in enumerate(examples):
+        prompt = prompt_ids(spec, ex.input, tok.encode, tok.bos_id, lengths, generation=True)
+        choose = argmax_choice
+        if spec.generation.do_sample:
+            choose = TopKTopPSampler(spec.generation.top_k, spec.generation.top_p, seed=int(t.eval_seed) + i)
+        ids = torch.tensor([prompt], device=device)
+        new = greedy_generate(model, ids, max_new, eos_token_id=tok.eos_id, choose=choose)[0, len(prompt):]
+        new = new.tolist()
+        if tok.eos_id in new:
+            new = new[: new.index(tok.eos_id)]
+        out[ex.id] = tok.decode(new).strip()
+    return out
+
+
+def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, Any]:
+    """Generate on validation -> predictions.json, scores.json; the metric for metrics.json."""
+    t0 = time.perf_counter()
+    t = task_cfg
+    tok = TokenizerView(t.pretrained)
+    lengths = lengths_for(t, tok)
+    rows = list(_load(t, ("validation",))["validation"])
+    examples = group_references(rows)
+    if t.get("eval_examples"):
+        examples = examples[: int(t.eval_examples)]
+    refs = {ex.id: list(ex.outputs) for ex in examples}
+    predictions = predict(model, t, tok, lengths, examples)
+    pred_path = out_dir / "predictions.json"
+    with open(pred_path, "x") as f:
+        json.dump(predictions, f, indent=1, ensure_ascii=False)
+    scores = score_file(t.dataset, pred_path, refs, out_dir / "scores.json")
+    metrics: dict[str, Any] = {"scrolls_task": t.dataset, "scrolls_metric": scores["metric"],
+                               "num_examples": len(examples)}
+    metrics.update({k.replace("/", "_"): v for k, v in scores.items()
+                    if isinstance(v, float) and k != "mean_prediction_length_characters"})
+    metrics["mean_prediction_chars"] = scores["mean_prediction_length_characters"]
+    metrics["eval_time_s"] = time.perf_counter() - t0
+    return metrics
+
