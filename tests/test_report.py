@@ -327,3 +327,25 @@ def test_pool_seeds_and_panel() -> None:
     images = [ax for ax in fig.axes if ax.images]
     assert [ax.get_title() for ax in images] == ["RoPE", "TAPE"]
     assert images[1].images[0].get_array()[0, 0] == 0.0
+
+
+# ------------------------------------------------------------------------------ notebook
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "results.ipynb"
+
+
+@pytest.mark.slow  # starts a Jupyter kernel (~10 s)
+def test_results_notebook_executes_on_rendered_results(
+        rendered: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    _, out = rendered
+    monkeypatch.setenv("TAPE_RESULTS", str(out))
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(out.parent)}}).execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3  # bars, heatmaps, passkey
+    text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs)
+    assert str(out.resolve()) in text and "TAPE" in text
