@@ -100,9 +100,9 @@ def build(ctx: Context, scale: str) -> Section:
     return section
 
 
-def _title(pe: str, summary: Summary | Missing, seeds: int) -> str:
+def _title(pe: str, summary: Summary | Missing, seeds: int, sep: str = ": ") -> str:
     mean = f"mean {summary.mean:.2f}%" if isinstance(summary, Summary) else summary.reason
-    return f"{display(pe)}: {mean}" + (f" ({seeds} seeds pooled)" if seeds > 1 else "")
+    return f"{display(pe)}{sep}{mean}" + (f" ({seeds} seeds pooled)" if seeds > 1 else "")
 
 
 def _figures(ctx: Context, scale: str, pooled: dict[str, tuple[list[Cell], int]],
@@ -110,8 +110,9 @@ def _figures(ctx: Context, scale: str, pooled: dict[str, tuple[list[Cell], int]]
     figures = []
     titled = {}
     for pe, (cells, seeds) in pooled.items():
-        title = _title(pe, groups[pe].cell(metric("mean_accuracy")), seeds)
-        titled[title] = cells
+        summary = groups[pe].cell(metric("mean_accuracy"))
+        title = _title(pe, summary, seeds)
+        titled[_title(pe, summary, seeds, sep="\n")] = cells
         path, rel = ctx.figure_path(f"addition_{scale}_{pe}.png")
         save_png(plot_heatmap(cells, train, title), path, overwrite=True)
         figures.append(Figure(rel, f"Addition heatmap, {display(pe)} ({scale}); red box: training lengths"))

@@ -187,6 +187,12 @@ def _paper_passkey_table() -> Table:
         notes=["**The paper's** values (tape-spec E.4, from the authors' plotting script), not ours."])
 
 
+def _colour(method: str) -> str:
+    """The same colour for a method in both panels."""
+    names = list(EXTENSION_METHODS)
+    return f"C{names.index(method)}" if method in names else "black"
+
+
 def _passkey_figure(runs: list[Run], scale: str) -> MplFigure:
     fig = MplFigure(figsize=(11, 3.8))
     FigureCanvasAgg(fig)
@@ -197,13 +203,13 @@ def _passkey_figure(runs: list[Run], scale: str) -> MplFigure:
         pts = sorted((n, sum(a for a, _ in v) / len(v)) for (mm, n), v in series.items() if mm == m)
         if pts:
             ours.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=display(m),
-                      linestyle="--" if m == "base" else "-")
+                      linestyle="--" if m == "base" else "-", color=_colour(m))
     if not methods:
         ours.text(0.5, 0.5, "not run", ha="center", va="center", transform=ours.transAxes)
     ours.set(title=f"ours ({scale} scale)", xlabel="max prompt tokens", ylabel="passkey accuracy",
              ylim=(-0.03, 1.03))
     for m, vals in PASSKEY_FIG3.items():
-        paper.plot(PASSKEY_TOKENS, vals, marker="o", label=display(m))
+        paper.plot(PASSKEY_TOKENS, vals, marker="o", label=display(m), color=_colour(m))
     paper.set(title="the paper's Fig. 3 values (Llama-2-7B)", xlabel="mean prompt tokens")
     for ax in (ours, paper):
         if ax.get_legend_handles_labels()[0]:

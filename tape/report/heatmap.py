@@ -44,7 +44,7 @@ def pool_seeds(grids: Sequence[Iterable[Cell]]) -> list[Cell]:
 
 
 def draw_grid(fig: Figure, ax: Axes, acc: np.ndarray, train_digits: int, title: str,
-              colorbar: bool = True) -> None:
+              colorbar: bool = True, ylabel: bool = True) -> None:
     """Draw an accuracy matrix (from grid_matrix) on ``ax``: colours 0-100 %, the training region
     [1..train_digits]^2 outlined in red, per-cell % on small grids."""
     rows, cols = acc.shape
@@ -59,7 +59,8 @@ def draw_grid(fig: Figure, ax: Axes, acc: np.ndarray, train_digits: int, title: 
     ax.set_xticks(np.arange(0, cols, step), [str(j + 1) for j in range(0, cols, step)])
     ax.set_yticks(np.arange(0, rows, step), [str(i + 1) for i in range(0, rows, step)])
     ax.set_xlabel("digits in second operand (len_b)")
-    ax.set_ylabel("digits in first operand (len_a)")
+    if ylabel:
+        ax.set_ylabel("digits in first operand (len_a)")
     ax.set_title(title)
     if max(rows, cols) <= ANNOTATE_UP_TO:
         for (i, j), value in np.ndenumerate(acc):
@@ -94,8 +95,9 @@ def plot_panel(
     grids: Mapping[str, Iterable[Cell]], train_digits: int, title: str,
     path: str | Path | None = None, overwrite: bool = False,
 ) -> Figure:
-    """The paper's figure layout: one heatmap per entry of ``grids`` (subplot title = its key),
-    side by side with one shared colour bar; saved as PNG when ``path`` is given."""
+    """The paper's figure layout: one heatmap per entry of ``grids`` (subplot title = its key,
+    which may hold a line break), side by side with one shared colour bar; saved as PNG when
+    ``path`` is given."""
     if not grids:
         raise ValueError("plot_panel() needs at least one grid")
     mats = {name: grid_matrix(cells) for name, cells in grids.items()}
@@ -103,8 +105,8 @@ def plot_panel(
     fig = Figure(figsize=(side * len(mats) + 1.2, side + 0.6))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(mats), squeeze=False)[0]
-    for ax, (name, acc) in zip(axes, mats.items()):
-        draw_grid(fig, ax, acc, train_digits, name, colorbar=False)
+    for i, (ax, (name, acc)) in enumerate(zip(axes, mats.items())):
+        draw_grid(fig, ax, acc, train_digits, name, colorbar=False, ylabel=i == 0)
     fig.colorbar(axes[0].images[0], ax=list(axes), label="exact-match accuracy (%)")
     fig.suptitle(title)
     if path is not None:
