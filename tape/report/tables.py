@@ -11,7 +11,7 @@ import csv
 import io
 import math
 from dataclasses import dataclass, field
-from typing import Sequence, Union
+from typing import Union
 
 from tape.report.stats import Missing, Summary
 
@@ -127,15 +127,3 @@ def to_csv(table: Table) -> str:
                 out += [text, "", ""] if wide else [text]
         writer.writerow(out)
     return buf.getvalue()
-
-
-def column(table: Table, header: str) -> list[CellValue]:
-    """The cells of one column, by header (KeyError naming the headers when absent)."""
-    if header not in table.columns:
-        raise KeyError(f"{header!r} not in {table.columns}")
-    i = table.columns.index(header)
-    return [row[i] for row in table.rows]
-
-
-def rows_as_text(rows: Sequence[Sequence[CellValue]], digits: int = 2) -> list[list[str]]:
-    return [[format_cell(v, digits) for v in row] for row in rows]
