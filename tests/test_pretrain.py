@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-from omegaconf import open_dict
 
 from conftest import INVENTED_VOCAB, compose_config
 from pipelines.tasks import pretrain
@@ -72,7 +71,7 @@ def test_cpu_preset_runs_when_shrunk(make_cfg, data_dir) -> None:
                        "trainer.max_steps=1", "trainer.val_check_interval=1", "task.batch_size=2",
                        "task.val_blocks=2", "task.eval_max_windows=1")
     metrics = train(cfg)
-    assert cfg.task.seq_len == 128 and metrics["steps"] == 1
+    assert cfg.task.seq_len == 64 and metrics["steps"] == 1
     assert set(cfg.task.eval_multipliers) == {1, 2, 4} and "ppl_4x" in metrics
 
 
