@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
+PROFILE ?= cpu
 
 .DEFAULT_GOAL := help
 
@@ -27,6 +28,16 @@ test-fast:  ## Run the tests not marked slow
 bench:  ## Efficiency benchmark (CPU, a few minutes): writes results/efficiency.md and .json
 	nice -n 10 $(BIN)/python -m pipelines.benchmark
 .PHONY: bench
+
+reproduce-table:  ## Run every experiment at PROFILE=cpu (skips finished runs) or print PROFILE=paper's commands; then render results/
+	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE)
+
+report:  ## Render results/ (tables, figures, runs.csv) from the run directories, never W&B
+	$(BIN)/python -m pipelines.report
+
+wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B login)
+	find runs -type d -name 'offline-run-*' -print0 | xargs -0 -r $(BIN)/wandb sync
+.PHONY: reproduce-table report wandb-sync
 
 clean:  ## Remove caches (never runs/ or results/)
 	rm -rf .pytest_cache .hypothesis

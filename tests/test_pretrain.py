@@ -139,3 +139,14 @@ def test_stream_reads_local_c4_shards(tmp_path) -> None:
 def test_stream_source_missing_says_what_to_do(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="task.text_source"):
         open_text_stream(str(tmp_path / "nowhere"))
+
+
+def test_linear_schedule_warms_up_then_decays_to_the_floor() -> None:
+    from tape.lightning.module import lr_factor
+
+    assert lr_factor(0, 10, 110, "linear", 0.0) == pytest.approx(0.1)
+    assert lr_factor(10, 10, 110, "linear", 0.0) == 1.0
+    assert lr_factor(60, 10, 110, "linear", 0.0) == pytest.approx(0.5)
+    assert lr_factor(110, 10, 110, "linear", 0.001) == pytest.approx(0.001)
+    with pytest.raises(ValueError, match="optim.schedule"):
+        lr_factor(20, 10, 110, "polynomial", 0.0)
