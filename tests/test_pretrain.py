@@ -117,23 +117,46 @@ def test_pack_blocks_concatenates_with_bos_and_drops_the_tail() -> None:
     assert list(pack_blocks(docs, 5, bos_id=None)) == [[5, 6, 7, 8, 9]]
 
 
-def test_stream_reads_local_c4_shards(tmp_path) -> None:
-    shard_dir = tmp_path / "c4" / "en"
+def write_c4_shards(root: Path, docs_per_split: int = 30, words: int = 5) -> Path:
+    """C4's layout: c4-<split>.<k>-of-<n>.json.gz files of {"text", "url"} lines."""
+    shard_dir = root / "c4" / "en"
     shard_dir.mkdir(parents=True)
-    with gzip.open(shard_dir / "c4-train.00000-of-00001.json.gz", "wt") as f:
-        for i in range(30):
-            f.write(json.dumps({"text": " ".join(str(i) for _ in range(5)), "url": "x"}) + "\n")
+    for split in ("train", "validation"):
+        with gzip.open(shard_dir / f"c4-{split}.00000-of-00001.json.gz", "wt") as f:
+            for i in range(docs_per_split):
+                text = " ".join(str(i if split == "train" else 100 + i) for _ in range(words))
+                f.write(json.dumps({"text": text, "url": "x"}) + "\n")
+    return shard_dir
+
+
+def test_stream_reads_local_c4_shards(tmp_path) -> None:
+    shard_dir = write_c4_shards(tmp_path)
     data = open_text_stream(str(shard_dir))
+    assert {int(row["text"].split()[0]) for row in open_text_stream(str(shard_dir), "validation")} == set(range(100, 130))
     encode = lambda text: [int(w) + 10 for w in text.split()]  # noqa: E731
     stream = PackedTextStream(data, encode, bos_id=1, seq_len=6, batch_size=2, seed=0, start=3)
     batches = list(stream)
     assert [int(b["batch_index"]) for b in batches] == list(range(3, 3 + len(batches)))
     assert len(batches) == 30 * 6 // 6 // 2  # 30 docs of 6 tokens (BOS + 5) = 30 blocks
     seen = sorted(int(b["input_ids"][r, 1]) - 10 for b in batches for r in range(2))
-    assert seen == list(range(30))  # every document once, shuffled
+    assert seen == list(range(30))  # every training document once, shuffled
     ranks = [list(PackedTextStream(data, encode, 1, 6, 1, seed=0, rank=r, world_size=2)) for r in (0, 1)]
     firsts = [{int(b["input_ids"][0, 1]) for b in rs} for rs in ranks]
     assert firsts[0].isdisjoint(firsts[1]) and len(firsts[0] | firsts[1]) == 30  # ranks split documents
+
+
+def test_paper_path_streams_shards_with_a_hugging_face_tokenizer(make_cfg, data_dir, tmp_path) -> None:
+    """The stream corpus end to end offline: local C4-layout shards, a tokenizer directory."""
+    from tape.data.text import TextData
+
+    shard_dir = write_c4_shards(tmp_path, docs_per_split=200, words=40)
+    tok_dir = tmp_path / "tokenizer"
+    TextData(next(data_dir.glob("books-*"))).tokenizer().to_transformers().save_pretrained(tok_dir)
+    cfg = pretrain_cfg(make_cfg, data_dir, "pe=rope", "task.corpus=stream",
+                       f"task.text_source={shard_dir}", f"task.tokenizer_path={tok_dir}",
+                       "task.heldout_tokens=2000")
+    metrics = train(cfg)
+    assert metrics["steps"] == 4 and metrics["ppl_4x"] > 1.0
 
 
 def test_stream_source_missing_says_what_to_do(tmp_path) -> None:

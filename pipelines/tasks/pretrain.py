@@ -58,7 +58,8 @@ def _books(t: DictConfig) -> TextData:
         raise PipelineConfigError(f"task.corpus=books: {err}") from err
 
 
-def _hf_tokenizer(t: DictConfig) -> Any:
+def hf_tokenizer(t: DictConfig) -> Any:
+    """The Hugging Face tokenizer of a streamed corpus (``task.tokenizer_path``), checked."""
     from transformers import AutoTokenizer
 
     path = Path(str(t.tokenizer_path)) if t.get("tokenizer_path") else None
@@ -92,7 +93,7 @@ def heldout_tokens(t: DictConfig) -> np.ndarray:
     """The held-out token stream that validation and the perplexity evaluation read."""
     if t.corpus == "books":
         return _books(t).tokens("books_heldout")
-    tok = _hf_tokenizer(t)
+    tok = hf_tokenizer(t)
     return _stream_heldout(t, partial(tok.encode, add_special_tokens=False), tok.bos_token_id)
 
 
@@ -106,7 +107,7 @@ def datamodule(cfg: DictConfig) -> TextDataModule | StreamTextDataModule:
                               seed=cfg.seed, **common)
     from tape.data.streaming import PackedTextStream, open_text_stream
 
-    tok = _hf_tokenizer(t)
+    tok = hf_tokenizer(t)
     encode = partial(tok.encode, add_special_tokens=False)
     source = open_text_stream(str(t.text_source), split="train")  # fails now, before training
 

@@ -106,9 +106,9 @@ class TokenizerView:
             self.decode: Callable[[Sequence[int]], str] = tok.decode
             self.bos_id, self.eos_id, self.pad_id = tok.bos_id, tok.eos_id, tok.pad_id
         else:
-            from pipelines.tasks.pretrain import _hf_tokenizer
+            from pipelines.tasks.pretrain import hf_tokenizer
 
-            tok = _hf_tokenizer(pretrain_task)
+            tok = hf_tokenizer(pretrain_task)
             self.encode = lambda text: tok.encode(text, add_special_tokens=False)
             self.decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
             self.bos_id, self.eos_id = tok.bos_token_id, tok.eos_token_id

@@ -42,10 +42,12 @@ def open_text_stream(source: str, split: str = "train") -> Any:
     path = Path(source)
     try:
         if path.is_dir():
-            files = sorted(str(p) for p in path.rglob("*") if p.name.endswith((".json.gz", ".jsonl", ".json")))
+            files = [p for p in sorted(path.rglob("*")) if p.name.endswith((".json.gz", ".jsonl", ".json"))]
+            files = [str(p) for p in files if f"-{split}." in p.name or f"{split}." in p.name]
             if not files:
-                raise FileNotFoundError(f"no *.json.gz / *.jsonl shards under {path}")
-            return datasets.load_dataset("json", data_files=files, split=split, streaming=True)
+                raise FileNotFoundError(f"no {split} shards (*{split}*.json.gz / *.jsonl, as C4's "
+                                        f"c4-{split}.00000-of-01024.json.gz) under {path}")
+            return datasets.load_dataset("json", data_files=files, split="train", streaming=True)
         if source != HUB_C4[0]:
             raise FileNotFoundError(f"{source} is neither a directory of shards nor {HUB_C4[0]}")
         return datasets.load_dataset(*HUB_C4, split=split, streaming=True)
