@@ -115,8 +115,9 @@ def recipe_stage(cfg: DictConfig, recipe: str, base_path: Path, base_key: str, d
     torch.manual_seed(cfg.seed)  # TAPE's fresh maps and LoRA's A matrices
     model = apply_recipe(model, recipe, target_context=cfg.extend.context,
                          original_context=cfg.model.context, **options)
-    if cfg.extend.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if cfg.extend.gradient_checkpointing:  # transformers 5 name, else the older one
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
     trainable = trainable_parameters(model)
     t0 = time.perf_counter()
     garbage = (0, _garbage(data, cfg.extend.context, "extend.context")) if cfg.extend.passkey_rows else (0, 0)

@@ -78,7 +78,8 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
     for recipe in RECIPES:
         assert metrics[f"time_train_{recipe}_s"] > 0 and metrics[f"time_eval_{recipe}_s"] > 0
         assert not metrics[f"{recipe}_reused"] and metrics[f"{recipe}_steps"] == cfg.extend.steps
-    assert metrics["trainable_params" if False else "tape_trainable_params"] > 0
+    assert 0 < metrics["lora_trainable_params"] == metrics["theta_trainable_params"] == metrics["longlora_trainable_params"]
+    assert metrics["tape_trainable_params"] > 0
     assert "base_passkey_at_context" in metrics and isinstance(metrics["base_retrieves"], bool)
     assert metrics["base_steps"] == cfg.base.steps and "base_loss_passkey" in metrics
 
