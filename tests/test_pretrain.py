@@ -165,7 +165,7 @@ def test_stream_source_missing_says_what_to_do(tmp_path) -> None:
 
 
 def test_linear_schedule_warms_up_then_decays_to_the_floor() -> None:
-    from tape.lightning.module import lr_factor
+    from tape.schedule import lr_factor
 
     assert lr_factor(0, 10, 110, "linear", 0.0) == pytest.approx(0.1)
     assert lr_factor(10, 10, 110, "linear", 0.0) == 1.0

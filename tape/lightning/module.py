@@ -8,7 +8,6 @@ replays exactly what an uninterrupted run would have done.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning as L
@@ -19,21 +18,7 @@ from torch import Tensor
 
 from tape.data.addition import IGNORE_INDEX
 from tape.model import DecoderLM, ModelConfig
-
-
-def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the peak learning rate: linear warm-up, then constant, cosine or linear decay
-    to ``min_ratio`` (linear = HF's polynomial schedule with power 1, the paper's pretraining)."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    if schedule not in ("cosine", "linear"):
-        raise ValueError(f"optim.schedule={schedule!r}; choose 'cosine', 'linear' or 'constant'")
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    if schedule == "linear":
-        return 1.0 - (1.0 - min_ratio) * progress
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+from tape.schedule import lr_factor
 
 
 class CausalLMModule(L.LightningModule):
