@@ -85,12 +85,12 @@ def _books(cfg: DictConfig) -> ExtensionData:
 
 def _hub_documents(cfg: DictConfig) -> Iterator[str]:
     """Texts of the hub dataset, streamed; a clear error when the hub cannot be reached."""
-    from tape.data.scrolls import _hub_offline, _hub_reachable
+    from tape.data.hub import hub_usable
 
     name = cfg.data.hub_dataset
     how = (f"data.hub_dataset={name} comes from the Hugging Face hub: give this machine network "
            "access (or a datasets cache holding it), or point data.hub_dataset at a local copy")
-    if _hub_offline() or not _hub_reachable():
+    if not hub_usable():
         raise PipelineConfigError(f"the hub is not reachable from this machine; {how}")
     import datasets
 

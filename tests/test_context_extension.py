@@ -22,7 +22,8 @@ from tape.data.passkey import FILLER, QUESTION, TASK, garbage_for_tokens, passke
 from tape.data.text import prepare_text_data  # noqa: E402
 from tape.hf.io import build_llama, load_model, save_model  # noqa: E402
 from tape.hf.recipes import RECIPES, apply_recipe  # noqa: E402
-from tape.hf.train_loop import lr_factor, split_losses  # noqa: E402
+from tape.hf.train_loop import split_losses  # noqa: E402
+from tape.schedule import lr_factor  # noqa: E402
 
 VOCAB = 512
 WORDS = f"{TASK} {FILLER} {QUESTION} thou art the king of hills and seas".split()  # BPE learns the prompt's words
@@ -143,7 +144,7 @@ def test_losses_average_text_and_passkey_tokens_separately():
     assert set(parts) == {"text", "passkey"}
     assert parts["passkey"].item() == pytest.approx(torch.log(torch.tensor(4.0)).item())
     assert parts["text"] < parts["passkey"]
-    assert lr_factor(0, 10, 100) == pytest.approx(0.1) and lr_factor(50, 10, 100) == 1.0
+    assert lr_factor(0, 10, 100, "constant") == pytest.approx(0.1) and lr_factor(50, 10, 100, "constant") == 1.0
     assert lr_factor(100, 10, 100, "cosine", 0.1) == pytest.approx(0.1)
 
 

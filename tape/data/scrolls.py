@@ -46,15 +46,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
-from urllib.parse import urlparse
 
 import torch
 from torch import Tensor
+
+from tape.data.hub import hub_usable
 
 if TYPE_CHECKING:  # datasets is imported lazily: it is slow to import and only the loaders use it
     from datasets import DatasetDict
@@ -292,27 +292,6 @@ def local_files(task: str, data_dir: str | os.PathLike, splits: Sequence[str]) -
     return files
 
 
-def _hub_offline() -> bool:
-    flags = (os.environ.get(k, "") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-    return any(f.upper() in {"1", "ON", "YES", "TRUE"} for f in flags)
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP connect to the hub endpoint, so that no network fails in seconds rather than
-    after the hub client's retries (about 25 s). Assumed reachable behind a proxy."""
-    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return True
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname or "", port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
 def extract_members(
     zip_path: Path, task: str, splits: Sequence[str], out_dir: Path
 ) -> dict[str, Path]:
@@ -348,7 +327,7 @@ def hub_files(
     cache) and extract the splits; ScrollsDataError at once when neither has it."""
     import huggingface_hub
 
-    online = not _hub_offline() and _hub_reachable()
+    online = hub_usable()
     try:
         zip_path = Path(
             huggingface_hub.hf_hub_download(

@@ -12,7 +12,6 @@ rows are not drowned by the text tokens.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable
 
@@ -20,21 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-SCHEDULES = ("constant", "cosine")
-
-
-def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "constant",
-              min_ratio: float = 0.1) -> float:
-    """Multiplier of the base learning rate at optimizer step ``step`` (0-based)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r}; choose one of {list(SCHEDULES)}")
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
+from tape.schedule import lr_factor
 
 def split_losses(logits: Tensor, labels: Tensor, passkey: Tensor | None) -> dict[str, Tensor]:
     """Mean next-token NLL over text rows and over passkey rows (keys present when scored).
