@@ -349,3 +349,16 @@ def test_results_notebook_executes_on_rendered_results(
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 3  # bars, heatmaps, passkey
     text = "".join(str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     assert str(out.resolve()) in text and "TAPE" in text
+
+
+def test_context_extension_variants_are_left_out_of_the_paper_tables(tmp_path) -> None:
+    from tape.report.extension import is_variant
+    from tape.report.runs import Run
+
+    plain, variant = tmp_path / "a", tmp_path / "b"
+    for path, rows in ((plain, 0), (variant, 4)):
+        path.mkdir()
+        (path / "config.yaml").write_text(f"extend:\n  passkey_rows: {rows}\n")
+    assert not is_variant(Run(plain, "context_extension/cpu", "llama", 0, {}))
+    assert is_variant(Run(variant, "context_extension/cpu", "llama", 0, {}))
+    assert not is_variant(Run(tmp_path / "none", "context_extension/cpu", "llama", 0, {}))

@@ -98,14 +98,33 @@ def _cell(values: list[float] | None) -> Summary | Missing:
     return summarize(values) if values else Missing("not evaluated")
 
 
+def is_variant(run: Run) -> bool:
+    """A run that mixed passkey rows into the extension (``extend.passkey_rows > 0``) is our own
+    variant, not the paper's plain-text protocol: it gets no row in the paper-style tables."""
+    import yaml
+
+    path = run.path / "config.yaml"
+    if not path.is_file():
+        return False
+    cfg = yaml.safe_load(path.read_text()) or {}
+    return bool((cfg.get("extend") or {}).get("passkey_rows"))
+
+
 def build(ctx: Context, scale: str) -> Section:
     runs = of_scale(ctx.runs, scale, lambda task: task == "context_extension")
+    variants = [r for r in runs if is_variant(r)]
+    runs = [r for r in runs if r not in variants]
     groups = group_by(runs, lambda r: "all")
     g = groups.get("all")
     finished = g.finished if g else []
     unfinished = g.unfinished if g else []
     stamp = provenance_line(finished, ctx.stamp)
     section = Section(title=f"Context extension ({scale})")
+    if variants:
+        section.paragraphs.append(
+            f"{len(variants)} run(s) with passkey rows mixed into the extension "
+            "(`extend.passkey_rows>0`, our variant, not the paper's protocol) are left out here: "
+            + ", ".join(f"`{r.path}`" for r in variants) + ".")
     if not finished:
         why = (f"unfinished: {len(unfinished)} run(s) without metrics.json" if unfinished
                else "not run")
