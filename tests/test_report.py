@@ -352,13 +352,13 @@ def test_results_notebook_executes_on_rendered_results(
 
 
 def test_context_extension_variants_are_left_out_of_the_paper_tables(tmp_path) -> None:
-    from tape.report.extension import is_variant
-    from tape.report.runs import Run
+    from tape.report.runs import Run, latest_finished
 
     plain, variant = tmp_path / "a", tmp_path / "b"
     for path, rows in ((plain, 0), (variant, 4)):
         path.mkdir()
         (path / "config.yaml").write_text(f"extend:\n  passkey_rows: {rows}\n")
-    assert not is_variant(Run(plain, "context_extension/cpu", "llama", 0, {}))
-    assert is_variant(Run(variant, "context_extension/cpu", "llama", 0, {}))
-    assert not is_variant(Run(tmp_path / "none", "context_extension/cpu", "llama", 0, {}))
+    a, b = (Run(p, "context_extension/cpu", "llama", 0, {}) for p in (plain, variant))
+    assert not a.variant and b.variant
+    assert not Run(tmp_path / "none", "context_extension/cpu", "llama", 0, {}).variant
+    assert list(latest_finished([a, b]).values()) == [a]  # the newer variant is not "the" run

@@ -98,21 +98,9 @@ def _cell(values: list[float] | None) -> Summary | Missing:
     return summarize(values) if values else Missing("not evaluated")
 
 
-def is_variant(run: Run) -> bool:
-    """A run that mixed passkey rows into the extension (``extend.passkey_rows > 0``) is our own
-    variant, not the paper's plain-text protocol: it gets no row in the paper-style tables."""
-    import yaml
-
-    path = run.path / "config.yaml"
-    if not path.is_file():
-        return False
-    cfg = yaml.safe_load(path.read_text()) or {}
-    return bool((cfg.get("extend") or {}).get("passkey_rows"))
-
-
 def build(ctx: Context, scale: str) -> Section:
     runs = of_scale(ctx.runs, scale, lambda task: task == "context_extension")
-    variants = [r for r in runs if is_variant(r)]
+    variants = [r for r in runs if r.variant]
     runs = [r for r in runs if r not in variants]
     groups = group_by(runs, lambda r: "all")
     g = groups.get("all")

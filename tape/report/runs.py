@@ -69,6 +69,12 @@ class Run:
             return str(self.metrics["task"])
         return str((self.config().get("task") or {}).get("name", self.family))
 
+    @property
+    def variant(self) -> bool:
+        """A run of our own variant of a protocol, kept out of the paper-style tables: context
+        extension with passkey rows mixed into the extension (``extend.passkey_rows > 0``)."""
+        return bool((self.config().get("extend") or {}).get("passkey_rows"))
+
     def config(self) -> dict[str, Any]:
         """The resolved config.yaml ({} when missing or unreadable)."""
         path = self.path / "config.yaml"
@@ -163,11 +169,12 @@ def find_runs(runs_root: str | Path) -> list[Run]:
 
 
 def latest_finished(runs: Iterable[Run]) -> dict[tuple[str, str, int], Run]:
-    """The newest finished run per (experiment, pe, seed); run names start with their time."""
+    """The newest finished run per (experiment, pe, seed), variants left out; run names start
+    with their time."""
     best: dict[tuple[str, str, int], Run] = {}
     for run in runs:
         key = (run.experiment, run.pe, run.seed)
-        if run.finished and (key not in best or run.name > best[key].name):
+        if run.finished and not run.variant and (key not in best or run.name > best[key].name):
             best[key] = run
     return best
 
