@@ -5,7 +5,7 @@ A task module provides ``validate(cfg)`` (raise PipelineConfigError before any t
 ``evaluate(model, task_cfg, out_dir, title)`` (write artifacts into out_dir, return flat metrics);
 optionally ``prepare(cfg)`` (complete the config in place before validation) and
 ``initialize(model, cfg)`` (e.g. load pretrained weights into a fresh, not resumed, model).
-Later tasks (pretrain, scrolls/*, passkey, ...) register here.
+Context extension runs on Hugging Face models through its own entry point (pipelines/extend.py).
 """
 
 from __future__ import annotations
