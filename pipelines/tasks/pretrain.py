@@ -21,8 +21,8 @@ import numpy as np
 from omegaconf import DictConfig
 
 from pipelines.utils import PipelineConfigError, check_position_range, model_config
-from tape.data.text import TextData, prepare_text_data
-from tape.lightning import StreamTextDataModule, TextDataModule
+from tape.data.text import TextData, TokenBlockStream, prepare_text_data
+from tape.lightning import TextDataModule
 from tape.metrics.perplexity import sliding_window_perplexity
 
 CORPORA = ("books", "stream")
@@ -97,25 +97,30 @@ def heldout_tokens(t: DictConfig) -> np.ndarray:
     return _stream_heldout(t, partial(tok.encode, add_special_tokens=False), tok.bos_token_id)
 
 
-def datamodule(cfg: DictConfig) -> TextDataModule | StreamTextDataModule:
+def datamodule(cfg: DictConfig) -> TextDataModule:
     t = cfg.task
-    common = dict(seq_len=int(t.seq_len), batch_size=int(t.batch_size),
-                  val_blocks=int(t.val_blocks), vocab_size=int(t.vocab_size))
+    seq_len, batch_size = int(t.seq_len), int(t.batch_size)
+    common = dict(seq_len=seq_len, batch_size=batch_size, val_blocks=int(t.val_blocks),
+                  vocab_size=int(t.vocab_size))
     if t.corpus == "books":
         data = _books(t)
-        return TextDataModule(data.tokens("books_train"), data.tokens("books_heldout"),
-                              seed=cfg.seed, **common)
+        train = data.tokens("books_train")
+
+        def blocks(rank: int, world: int, start: int) -> TokenBlockStream:
+            return TokenBlockStream(train, seq_len, batch_size, cfg.seed, rank=rank, start=start)
+
+        return TextDataModule(blocks, data.tokens("books_heldout"), **common)
     from tape.data.streaming import PackedTextStream, open_text_stream
 
     tok = hf_tokenizer(t)
     encode = partial(tok.encode, add_special_tokens=False)
     source = open_text_stream(str(t.text_source), split="train")  # fails now, before training
 
-    def make_stream(rank: int, world: int, start: int) -> PackedTextStream:
-        return PackedTextStream(source, encode, tok.bos_token_id, int(t.seq_len), int(t.batch_size),
+    def packed(rank: int, world: int, start: int) -> PackedTextStream:
+        return PackedTextStream(source, encode, tok.bos_token_id, seq_len, batch_size,
                                 seed=cfg.seed, rank=rank, world_size=world, start=start)
 
-    return StreamTextDataModule(make_stream, _stream_heldout(t, encode, tok.bos_token_id), **common)
+    return TextDataModule(packed, _stream_heldout(t, encode, tok.bos_token_id), **common)
 
 
 # ---------------------------------------------------------------------------- evaluation

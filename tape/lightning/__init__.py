@@ -2,8 +2,8 @@
 
 from tape.lightning.callbacks import TokensPerSecond
 from tape.lightning.datamodule import (
-    AdditionDataModule, FineTuneDataModule, StreamTextDataModule, TextDataModule,
+    AdditionDataModule, FineTuneDataModule, TextDataModule,
 )
 from tape.lightning.module import CausalLMModule
 
-__all__ = ["AdditionDataModule", "FineTuneDataModule", "CausalLMModule", "StreamTextDataModule", "TextDataModule", "TokensPerSecond"]
+__all__ = ["AdditionDataModule", "FineTuneDataModule", "CausalLMModule", "TextDataModule", "TokensPerSecond"]

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from tape.data.addition import VAL_STREAM, VOCAB_SIZE, AdditionStream, bucket_examples, collate
 from tape.data.scrolls import collate as scrolls_collate
-from tape.data.text import TokenBlockStream, spread_blocks
+from tape.data.text import spread_blocks
 
 
 def stream_position(trainer: L.Trainer | None) -> tuple[int, int, int]:
@@ -55,34 +55,11 @@ class AdditionDataModule(L.LightningDataModule):
 
 
 class TextDataModule(L.LightningDataModule):
-    """Causal-LM pretraining on packed text: training batches are seeded random windows of
-    ``seq_len`` tokens from ``train_tokens`` (batch k is a function of seed, rank, k, so resume is
-    exact); validation is ``val_blocks`` fixed, disjoint windows of ``val_tokens``."""
+    """Causal-LM pretraining on packed text. ``make_stream(rank, world_size, start)`` gives the
+    training stream from batch ``start`` on (seeded random windows of local tokens, or a streamed
+    corpus); validation is ``val_blocks`` fixed, disjoint windows of ``val_tokens``."""
 
-    def __init__(self, train_tokens: np.ndarray, val_tokens: np.ndarray, seq_len: int,
-                 batch_size: int, val_blocks: int, seed: int, vocab_size: int) -> None:
-        super().__init__()
-        self.train_tokens, self.val_tokens = train_tokens, val_tokens
-        self.seq_len, self.batch_size, self.val_blocks = seq_len, batch_size, val_blocks
-        self.seed, self.vocab_size = seed, vocab_size
-
-    def train_dataloader(self) -> DataLoader:
-        start, rank, _ = stream_position(self.trainer)
-        stream = TokenBlockStream(self.train_tokens, self.seq_len, self.batch_size, self.seed,
-                                  rank=rank, start=start)
-        return loader(stream)
-
-    def val_dataloader(self) -> DataLoader:
-        blocks = spread_blocks(self.val_tokens, self.seq_len, self.val_blocks)  # (M, L)
-        rows = [{"input_ids": b, "labels": b} for b in blocks]
-        return DataLoader(rows, batch_size=self.batch_size, shuffle=False)
-
-
-class StreamTextDataModule(L.LightningDataModule):
-    """Paper-scale pretraining: packed blocks from a streamed corpus (``PackedTextStream``);
-    validation is fixed blocks of held-out tokens, as in :class:`TextDataModule`."""
-
-    def __init__(self, make_stream: Callable[[int, int, int], Any], val_tokens: np.ndarray,
+    def __init__(self, make_stream: Callable[[int, int, int], IterableDataset], val_tokens: np.ndarray,
                  seq_len: int, batch_size: int, val_blocks: int, vocab_size: int) -> None:
         super().__init__()
         self.make_stream, self.val_tokens = make_stream, val_tokens
@@ -93,7 +70,16 @@ class StreamTextDataModule(L.LightningDataModule):
         start, rank, world = stream_position(self.trainer)
         return loader(self.make_stream(rank, world, start))
 
-    val_dataloader = TextDataModule.val_dataloader
+    def val_dataloader(self) -> DataLoader:
+        blocks = spread_blocks(self.val_tokens, self.seq_len, self.val_blocks)  # (M, L)
+        rows = [{"input_ids": b, "labels": b} for b in blocks]
+        return DataLoader(rows, batch_size=self.batch_size, shuffle=False)
+
+
+def collate_rows(rows: Sequence[Mapping[str, Sequence[int]]]) -> dict[str, Tensor]:
+    """Fine-tuning rows -> {input_ids, labels} (B, N); the padding is on the right, after every
+    scored token, so causal attention needs no mask."""
+    return {k: v for k, v in scrolls_collate(rows).items() if k != "attention_mask"}
 
 
 class RowSampleStream(IterableDataset):
@@ -110,8 +96,7 @@ class RowSampleStream(IterableDataset):
         while True:
             rng = np.random.default_rng([self.seed, self.rank, index])
             picks = rng.integers(0, len(self.rows), size=self.batch_size)
-            batch = {k: v for k, v in scrolls_collate([self.rows[i] for i in picks]).items()
-                     if k != "attention_mask"}
+            batch = collate_rows([self.rows[i] for i in picks])
             yield {**batch, "batch_index": torch.tensor(index)}
             index += 1
 
@@ -135,8 +120,5 @@ class FineTuneDataModule(L.LightningDataModule):
         return loader(stream)
 
     def val_dataloader(self) -> DataLoader:
-        def collate_rows(rows: Sequence[Mapping[str, Sequence[int]]]) -> dict[str, Tensor]:
-            return {k: v for k, v in scrolls_collate(rows).items() if k != "attention_mask"}
-
         return DataLoader(self.val_rows, batch_size=self.batch_size, shuffle=False,
                           collate_fn=collate_rows)
