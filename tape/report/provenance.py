@@ -8,14 +8,13 @@ rendered the report; ``make reproduce-table`` runs and renders on the same machi
 from __future__ import annotations
 
 import platform
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
-from tape.bench.machine import machine_info
+from tape.bench.machine import git_state, machine_info
 from tape.report.runs import Run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,14 +23,10 @@ MAX_COMMANDS = 3
 
 def git_head(repo: Path = REPO) -> str:
     """The checked-out commit (with "+dirty" when tracked files changed), or "unknown"."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, timeout=5,
-                              capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               timeout=5, capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+    state = git_state(repo, paths=())  # the whole repository
+    if not state["commit"]:
         return "unknown"
-    return (head + ("+dirty" if dirty else "")) if head else "unknown"
+    return state["commit"][:12] + ("+dirty" if state["dirty"] else "")
 
 
 def machine_line() -> str:
