@@ -11,7 +11,6 @@ import logging
 import os
 import secrets
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from tape.bench.machine import commit_label, machine_summary
 from tape.model import ConfigError, ModelConfig
 
 log = logging.getLogger("pipelines")
@@ -34,7 +34,8 @@ if not OmegaConf.has_resolver("run_id"):
 if not OmegaConf.has_resolver("cwd"):
     OmegaConf.register_new_resolver("cwd", os.getcwd)
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
 RUN_CLAIM = "command.txt"  # created exclusively: the run directory belongs to this run only
 
 
@@ -114,15 +115,6 @@ def job_command(entry: str) -> str:
     return shlex.join(["python", "-m", entry, *overrides])
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
     """Make ``run_dir`` this run's own: create command.txt exclusively (fail if another run has
     it), then save the resolved config. Nothing that was there is ever overwritten."""
@@ -131,7 +123,8 @@ def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
         with open(run_dir / RUN_CLAIM, "x") as f:
             f.write(job_command(entry) + "\n")
             f.write(f"# launched as: {shlex.join([sys.executable, *sys.argv])}\n")
-            f.write(f"# cwd: {os.getcwd()}\n# commit: {git_commit()}\n# time: {time.ctime()}\n")
+            f.write(f"# cwd: {os.getcwd()}\n# commit: {commit_label(REPO_ROOT)}\n# time: {time.ctime()}\n")
+            f.write(f"# machine: {machine_summary()}\n")
     except FileExistsError:
         raise PipelineConfigError(
             f"{run_dir} already belongs to another run ({RUN_CLAIM} exists); runs never share a "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from conftest import compose_config
 from pipelines.evaluate import evaluate
 from pipelines.train import train
 from pipelines.utils import PipelineConfigError, claim_run_dir
+from tape.report.runs import read_command
 
 SUMMARY = ("mean_accuracy", "in_distribution_accuracy", "ood_accuracy")
 
@@ -120,6 +122,9 @@ def test_default_logger_is_wandb_offline_plus_csv_and_is_closed_on_failure(make_
 def test_a_run_directory_is_never_shared_or_overwritten(make_cfg, capsys) -> None:
     cfg = make_cfg("pe=rope", "evaluate=false")
     claim_run_dir(Path(cfg.paths.output_dir), cfg, "pipelines.train")
+    recorded = read_command(Path(cfg.paths.output_dir) / "command.txt")
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", recorded["commit"])
+    assert "CPU cores" in recorded["machine"]
     with pytest.raises(PipelineConfigError, match="already belongs to another run"):
         train(cfg)  # same directory as a run that claimed it
     out = capsys.readouterr().out

@@ -20,6 +20,7 @@ from pipelines.report import main as report_main
 from tape.metrics.arithmetic import Cell
 from tape.report import scrolls as scrolls_report
 from tape.report.heatmap import plot_panel, pool_seeds
+from tape.report.provenance import provenance_line
 from tape.report.render import render, scales_to_render
 from tape.report.runs import find_runs, latest_finished
 from tape.report.stats import Missing, Summary, summarize
@@ -36,7 +37,8 @@ def make_run(runs: Path, experiment: str, pe: str, seed: int, name: str, metrics
     (run / "command.txt").write_text(
         f"python -m pipelines.train experiment={experiment} pe={pe} seed={seed}\n"
         f"# launched as: /venv/bin/python -m pipelines.train -m experiment={experiment}\n"
-        f"# cwd: /work\n# commit: 0123456789abcdef0123\n# time: Sun Nov 22 20:52:10 2026\n")
+        f"# cwd: /work\n# commit: 0123456789abcdef0123\n# time: Sun Nov 22 20:52:10 2026\n"
+        f"# machine: 2 CPU cores, Test CPU, Linux x86_64\n")
     (run / "config.yaml").write_text(yaml.safe_dump(config or {}))
     for fname, text in (files or {}).items():
         (run / fname).write_text(text)
@@ -247,13 +249,28 @@ def test_latex_csv_markdown_and_provenance(rendered: tuple[Path, Path]) -> None:
     md = (out / "README.md").read_text()
     assert "Provenance: 3 run(s) at commit(s) 0123456789ab" in md  # addition: rope 0, 1 and tape 0
     assert "`python -m pipelines.train experiment=addition/cpu pe=rope seed=0`" in md
+    assert "ran on: 2 CPU cores, Test CPU, Linux x86_64;" in md
     assert "CPU cores" in md and "rendered at commit" in md
     assert "[efficiency.md](efficiency.md)" in md
     inventory = list(csv.DictReader(open(out / "runs.csv")))
     assert len(inventory) == 10
+    assert {(r["commit"], r["machine"]) for r in inventory} == {
+        ("0123456789abcdef0123", "2 CPU cores, Test CPU, Linux x86_64")}
     statuses = {(r["pe"], r["seed"], r["run_dir"].endswith("aaaaaa-0")): r["used"] for r in inventory
                 if r["experiment"] == "addition/cpu"}
     assert statuses[("rope", "0", True)].startswith("no: superseded")
+
+
+def test_provenance_keeps_dirty_marks_and_names_unrecorded_machines(tmp_path: Path) -> None:
+    old = make_run(tmp_path, "addition/cpu", "rope", 0, "20261101-000000-aaaaaa-0", addition_metrics(1.0))
+    (old / "command.txt").write_text("python -m pipelines.train pe=rope\n# commit: None\n")  # an old run
+    new = make_run(tmp_path, "addition/cpu", "tape", 0, "20261122-000000-bbbbbb-0", addition_metrics(1.0))
+    text = (new / "command.txt").read_text().replace("0123456789abcdef0123", "fedcba9876543210ffff+dirty")
+    (new / "command.txt").write_text(text)
+    line = provenance_line(find_runs(tmp_path), "STAMP")
+    assert line.startswith("2 run(s) at commit(s) fedcba987654+dirty, unknown;")
+    assert "ran on: 2 CPU cores, Test CPU, Linux x86_64 | machine not recorded;" in line
+    assert line.endswith("; STAMP")
 
 
 def test_table_renderers_escape_and_expand() -> None:

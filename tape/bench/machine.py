@@ -91,3 +91,20 @@ def git_state(root: Path, paths: tuple[str, ...] = ("tape", "pipelines/benchmark
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no", "--", *paths)
     return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def commit_label(root: Path) -> str:
+    """The checked-out commit of the whole repository, "+dirty" appended when tracked files had
+    uncommitted changes; "unknown" outside a git checkout. What run directories record."""
+    state = git_state(root, paths=())
+    if not state["commit"]:
+        return "unknown"
+    return state["commit"] + ("+dirty" if state["dirty"] else "")
+
+
+def machine_summary() -> str:
+    """One line naming the machine: CPU cores and model, the GPU when torch sees one, the OS."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = machine_info(device)
+    gpu = f", GPU {info['gpu']}" if info.get("gpu") else ""
+    return f"{info['cpu_count']} CPU cores, {info['cpu']}{gpu}, {platform.system()} {platform.machine()}"

@@ -12,7 +12,8 @@ from typing import Iterable
 from tape.report.runs import Run, latest_finished
 from tape.report.tables import Table
 
-FIELDS = ["experiment", "task", "scale", "pe", "seed", "status", "used", "wall_time_s", "run_dir", "command"]
+FIELDS = ["experiment", "task", "scale", "pe", "seed", "status", "used", "wall_time_s", "run_dir", "command",
+          "commit", "machine"]
 
 
 def status(run: Run, used: set[int], scales: Iterable[str]) -> tuple[str, str]:
@@ -35,7 +36,7 @@ def inventory_csv(runs: list[Run], scales: Iterable[str], runs_root: Path) -> st
         wall = (r.metrics or {}).get("wall_time_s")
         writer.writerow([r.experiment, r.task, r.scale, r.pe, r.seed, st, use,
                          "" if wall is None else repr(float(wall)),
-                         _relative(r.path, runs_root.parent), r.command])
+                         _relative(r.path, runs_root.parent), r.command, r.commit, r.machine])
     return buf.getvalue()
 
 

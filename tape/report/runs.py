@@ -37,6 +37,7 @@ class Run:
     launched_as: str = ""
     commit: str = ""
     started: str = ""  # "# time:" of command.txt
+    machine: str = ""  # "# machine:" of command.txt ("" for runs made before it was recorded)
     metric_sources: dict[str, str] = field(default_factory=dict)  # key -> "run" | eval dir name
 
     @property
@@ -95,7 +96,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def read_command(path: Path) -> dict[str, str]:
     """command.txt: the job command on the first line, then ``# key: value`` lines."""
-    out = {"command": "", "launched_as": "", "commit": "", "time": ""}
+    out = {"command": "", "launched_as": "", "commit": "", "time": "", "machine": ""}
     try:
         lines = path.read_text().splitlines()
     except OSError:
@@ -144,6 +145,7 @@ def load_run(run_dir: Path, runs_root: Path) -> Run:
         launched_as=cmd["launched_as"],
         commit=cmd["commit"],
         started=cmd["time"],
+        machine=cmd["machine"],
         metric_sources=sources,
     )
 
