@@ -19,6 +19,7 @@ from torch import Tensor
 
 from pipelines.utils import PipelineConfigError
 from tape.data.passkey import passkey_example
+from tape.data.streaming import pack_blocks
 
 LLAMA_WEIGHTS_HINT = (
     "download Llama-2-7B in Hugging Face format (accept Meta's licence at "
@@ -106,11 +107,18 @@ class PackedRows:
     order (row i is the i-th row of the stream; the paper packed RedPajama the same way)."""
 
     def __init__(self, docs: Iterator[str], encode: Callable[[str], list[int]], eos_id: int) -> None:
-        self.ids = itertools.chain.from_iterable(encode(d) + [eos_id] for d in docs)
+        self.docs, self.encode, self.eos_id = docs, encode, eos_id
+        self.seq_len: int | None = None
+        self.blocks: Iterator[list[int]] = iter(())
 
     def __call__(self, index: int, count: int, seq_len: int, rng: np.random.Generator) -> Tensor:
-        rows = [list(itertools.islice(self.ids, seq_len)) for _ in range(count)]
-        if any(len(r) < seq_len for r in rows):
+        if self.seq_len is None:
+            self.seq_len = seq_len
+            self.blocks = pack_blocks((self.encode(d) for d in self.docs), seq_len, None, self.eos_id)
+        elif seq_len != self.seq_len:
+            raise ValueError(f"rows of {seq_len} tokens asked from a stream packed into {self.seq_len}")
+        rows = list(itertools.islice(self.blocks, count))
+        if len(rows) < count:
             raise RuntimeError("the training stream ran out of documents")
         return torch.tensor(rows)  # (count, seq_len)
 

@@ -8,13 +8,16 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import open_dict
 
 pytest.importorskip("transformers")
 from conftest import compose_config  # noqa: E402
-from pipelines.context_extension_data import ExtensionData, check_inputs, load_data, mixed_batches  # noqa: E402
+from pipelines.context_extension_data import (  # noqa: E402
+    ExtensionData, PackedRows, check_inputs, load_data, mixed_batches,
+)
 from pipelines.extend import extend, validate  # noqa: E402
 from pipelines.utils import PipelineConfigError  # noqa: E402
 from tape.data.corpus import Document  # noqa: E402
@@ -134,6 +137,18 @@ def test_mixed_batches_depend_on_seed_and_index_only():
     assert a["passkey"].tolist() == [False, False, True, True]
     assert (a["labels"][:2] == a["input_ids"][:2]).all()  # text rows: every token a label
     assert ((a["labels"][2:] != -100).sum(1) <= 6).all()  # passkey rows: the key only
+
+
+def test_hub_rows_are_the_eos_joined_documents_read_in_order():
+    docs = iter(["ab", "c", "defgh", "ij"])
+    rows = PackedRows(docs, encode=lambda t: [ord(ch) for ch in t], eos_id=0)
+    rng = np.random.default_rng(0)
+    assert rows(0, 2, 3, rng).tolist() == [[97, 98, 0], [99, 0, 100]]
+    assert rows(1, 1, 3, rng).tolist() == [[101, 102, 103]]
+    with pytest.raises(ValueError, match="packed into 3"):
+        rows(2, 1, 4, rng)
+    with pytest.raises(RuntimeError, match="ran out of documents"):
+        rows(2, 2, 3, rng)  # [104, 0, 105] then only [106, 0] is left
 
 
 def test_losses_average_text_and_passkey_tokens_separately():

@@ -115,6 +115,7 @@ def test_pack_blocks_concatenates_with_bos_and_drops_the_tail() -> None:
     docs = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
     assert list(pack_blocks(docs, 4, bos_id=1)) == [[1, 5, 6, 7], [1, 8, 1, 9], [10, 11, 12, 13]]
     assert list(pack_blocks(docs, 5, bos_id=None)) == [[5, 6, 7, 8, 9]]
+    assert list(pack_blocks(docs, 4, bos_id=None, eos_id=2)) == [[5, 6, 7, 2], [8, 2, 9, 10], [11, 12, 13, 2]]
 
 
 def write_c4_shards(root: Path, docs_per_split: int = 30, words: int = 5) -> Path:

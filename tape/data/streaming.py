@@ -21,14 +21,19 @@ from torch.utils.data import IterableDataset
 HUB_C4 = ("allenai/c4", "en")
 
 
-def pack_blocks(docs: Iterable[Sequence[int]], seq_len: int, bos_id: int | None) -> Iterator[list[int]]:
-    """Concatenate (BOS +) documents and yield consecutive ``seq_len`` blocks; the tail that does
-    not fill a block is dropped."""
+def pack_blocks(docs: Iterable[Sequence[int]], seq_len: int, bos_id: int | None,
+                eos_id: int | None = None) -> Iterator[list[int]]:
+    """Concatenate documents, each with BOS before it and EOS after it where those ids are given,
+    and yield consecutive ``seq_len`` blocks; the tail that does not fill a block is dropped.
+    Pretraining puts BOS before each document (as the official C4 stream); context extension
+    puts EOS after each (as LongLoRA packed RedPajama)."""
     buf: list[int] = []
     for ids in docs:
         if bos_id is not None:
             buf.append(bos_id)
         buf.extend(ids)
+        if eos_id is not None:
+            buf.append(eos_id)
         while len(buf) >= seq_len:
             yield buf[:seq_len]
             buf = buf[seq_len:]
