@@ -4,6 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 PROFILE ?= cpu
+# reproduce-table: runs at once, each with cores / JOBS torch threads
+JOBS    ?= 2
 
 .DEFAULT_GOAL := help
 
@@ -30,7 +32,7 @@ bench:  ## Efficiency benchmark (CPU, a few minutes): writes results/efficiency.
 .PHONY: bench
 
 reproduce-table:  ## Run every experiment at PROFILE=cpu (skips finished runs) or print PROFILE=paper's commands; then render results/
-	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE)
+	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS)
 
 report:  ## Render results/ (tables, figures, runs.csv) from the run directories, never W&B
 	$(BIN)/python -m pipelines.report

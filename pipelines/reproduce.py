@@ -2,20 +2,28 @@
 ``python -m pipelines.reproduce --profile cpu`` (runs here, skipping finished runs) or
 ``--profile paper`` (prints the Hydra multirun commands, renders whatever has finished).
 
-Order: addition (5 PEs), pretraining (7 PEs), SCROLLS (from the pretraining runs; only the
-datasets whose data are present), context extension (4 recipes), efficiency benchmark. A run is
-finished when a run directory of its experiment / PE / seed holds metrics.json (see
-tape/report/runs.py), so an interrupted reproduction continues where it stopped. ``--dry-run``
-shows the plan and runs nothing.
+Order: context extension (4 recipes; the longest single job, so it starts first), addition
+(5 PEs), pretraining (7 PEs), SCROLLS (from the pretraining runs; only the datasets whose data are
+present), efficiency benchmark. A run is finished when a run directory of its experiment / PE /
+seed holds metrics.json (see tape/report/runs.py), so an interrupted reproduction continues where
+it stopped. ``--dry-run`` shows the plan and runs nothing.
+
+``--jobs N`` runs N runs at once, each with cpu_count // N torch threads and its output in
+``<runs>/reproduce-logs/``: the small cpu-profile models use a second core poorly, so two
+one-thread runs finish sooner than two two-thread runs one after the other. SCROLLS waits for
+pretraining (it fine-tunes those runs) and the benchmark runs alone, with every core, last.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -45,6 +53,8 @@ class Step:
     datasets: tuple[str, ...] = ()  # SCROLLS: one experiment per dataset (scrolls/<scale>/<dataset>)
     unavailable: str = ""  # why the step cannot run here ("" = it can)
     done_file: Path | None = None  # for steps that write a file instead of a run directory
+    wave: int = 0  # --jobs: a wave starts when every earlier wave has finished
+    alone: bool = False  # --jobs: run with every core and nothing beside it (timings)
 
     def experiments(self) -> list[str]:
         return [f"{self.experiment}/{d}" for d in self.datasets] if self.datasets else [self.experiment]
@@ -91,14 +101,15 @@ def plan(profile: str, seeds: Sequence[int] = (0,), out_dir: Path = Path("result
         datasets, scrolls_note, scrolls_extra = SCROLLS_ORDER, "", ()
     bench = ("device=cuda", "scale=paper") if profile == "paper" else ()
     return [
+        Step("context_extension", "pipelines.extend", f"context_extension/{profile}", ("llama",), seeds,
+             PAPER_EXTEND_INPUTS if profile == "paper" else ()),
         Step("addition", "pipelines.train", f"addition/{profile}", ADDITION_PES, seeds),
         Step("pretrain", "pipelines.train", f"pretrain/{profile}", PRETRAIN_PES, seeds),
         Step("scrolls", "pipelines.train", f"scrolls/{profile}", SCROLLS_PES, seeds,
-             ("task.pretrained_run=last", *scrolls_extra), datasets=datasets, unavailable=scrolls_note),
-        Step("context_extension", "pipelines.extend", f"context_extension/{profile}", ("llama",), seeds,
-             PAPER_EXTEND_INPUTS if profile == "paper" else ()),
+             ("task.pretrained_run=last", *scrolls_extra), datasets=datasets, unavailable=scrolls_note,
+             wave=1),
         Step("benchmark", "pipelines.benchmark", "", overrides=(*bench, f"output_dir={out_dir}"),
-             done_file=out_dir / "efficiency.json"),
+             done_file=out_dir / "efficiency.json", wave=2, alone=True),
     ]
 
 
@@ -138,6 +149,23 @@ def commands(step: Step, todo: Sequence[tuple[str, str, int]] | None = None) -> 
     return out
 
 
+def run_commands(step: Step, todo: Sequence[tuple[str, str, int]]) -> list[tuple[str, list[str]]]:
+    """(label, command) per run of ``todo`` for --jobs: single runs, not multiruns. The label
+    names the run's log file."""
+    if step.done_file is not None:
+        return [(step.name, argv) for argv in commands(step)]
+    if step.entry == "pipelines.extend":
+        return [(f"{step.name}-seed{seed}", argv)
+                for seed, argv in zip(sorted({s for _, _, s in todo}), commands(step, todo))]
+    out = []
+    for exp, pe, seed in todo:
+        argv = ["python", "-m", step.entry, f"experiment={step.experiment}", f"pe={pe}", f"seed={seed}"]
+        dataset = [exp.rsplit("/", 1)[-1]] if step.datasets else []
+        argv += [f"task.dataset={d}" for d in dataset]
+        out.append(("-".join([step.name, *dataset, pe, f"seed{seed}"]), argv + list(step.overrides)))
+    return out
+
+
 def _by_pe_set(pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, ...], list[str]]:
     """Experiments grouped by the PEs they still need, so a multirun never repeats a finished run."""
     need: dict[str, list[str]] = {}
@@ -150,61 +178,135 @@ def _by_pe_set(pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, ...], list[s
 
 
 # ---------------------------------------------------------------------------- running
-Runner = Callable[[list[str]], int]
+@dataclass(frozen=True)
+class Launch:
+    """One command to run: with ``threads`` torch threads (None: inherit) and its output in
+    ``log`` (None: this console)."""
+
+    argv: list[str]
+    threads: int | None = None
+    log: Path | None = None
 
 
-def run_command(argv: list[str]) -> int:
+Runner = Callable[[Launch], int]
+
+
+def run_command(launch: Launch) -> int:
     """Run one command with this interpreter (``python`` -> sys.executable); its return code."""
-    argv = [sys.executable if a == "python" and i == 0 else a for i, a in enumerate(argv)]
-    return subprocess.run(argv).returncode
+    argv = [sys.executable if a == "python" and i == 0 else a for i, a in enumerate(launch.argv)]
+    env = dict(os.environ)
+    if launch.threads is not None:  # torch reads these when it starts
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(launch.threads)
+    if launch.log is None:
+        return subprocess.run(argv, env=env).returncode
+    with open(launch.log, "x") as out:  # a new file per run: never overwrite an earlier log
+        return subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
 def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
-            dry_run: bool = False, log: Callable[[str], None] = print) -> list[Outcome]:
-    """Run each step's unfinished runs in order; never re-run a finished one."""
+            dry_run: bool = False, log: Callable[[str], None] = print, jobs: int = 1) -> list[Outcome]:
+    """Run each step's unfinished runs, never re-running a finished one: one step after the
+    other as Hydra multiruns (``jobs`` = 1), or ``jobs`` single runs at a time."""
+    if jobs > 1:
+        return _execute_parallel(steps, runs_dir, runner, jobs, dry_run, log)
     outcomes = []
     for step in steps:
-        out = Outcome(step, note=step.unavailable)
-        if step.unavailable:
-            log(f"[{step.name}] {step.unavailable}")
-            outcomes.append(out)
-            continue
-        if step.done_file is not None:
-            if step.done_file.is_file():
-                out.skipped = 1
-                log(f"[{step.name}] skipped: {step.done_file} exists (delete it to re-run)")
-            else:
-                out.left = 1
-                out.wall_s, out.returncodes = _launch(step, commands(step), runner, dry_run, log)
-                out.ran, out.left = (1, 0) if step.done_file.is_file() else (0, 1)
-            outcomes.append(out)
-            continue
-        todo = pending(step, find_runs(runs_dir))
-        out.skipped = total(step) - len(todo)
-        log(f"[{step.name}] {out.skipped} finished run(s) skipped, {len(todo)} to run")
-        if todo:
-            out.wall_s, out.returncodes = _launch(step, commands(step, todo), runner, dry_run, log)
-        left = pending(step, find_runs(runs_dir))
-        out.ran, out.left = len(todo) - len(left), len(left)
+        out, todo = _start(step, runs_dir, log)
         outcomes.append(out)
+        if todo:
+            t0 = time.perf_counter()
+            for argv in commands(step, None if step.done_file is not None else todo):
+                log(f"[{step.name}] {'would run' if dry_run else 'running'}: {shlex.join(argv)}")
+                if not dry_run:
+                    out.returncodes.append(runner(Launch(argv)))
+                    if out.returncodes[-1]:
+                        log(f"[{step.name}] exited with {out.returncodes[-1]}; going on with the next command")
+            out.wall_s = time.perf_counter() - t0
+        _finish(out, todo, runs_dir)
     return outcomes
 
 
-def _launch(step: Step, argvs: list[list[str]], runner: Runner, dry_run: bool,
-            log: Callable[[str], None]) -> tuple[float, list[int]]:
-    t0, codes = time.perf_counter(), []
-    for argv in argvs:
-        log(f"[{step.name}] {'would run' if dry_run else 'running'}: {shlex.join(argv)}")
-        if not dry_run:
-            codes.append(runner(argv))
-            if codes[-1]:
-                log(f"[{step.name}] exited with {codes[-1]}; going on with the next command")
-    return time.perf_counter() - t0, codes
+def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, jobs: int,
+                      dry_run: bool, log: Callable[[str], None]) -> list[Outcome]:
+    """Waves in order; inside a wave ``jobs`` runs at once (cpu_count // jobs threads each),
+    then the ``alone`` steps one by one with every thread."""
+    started = [_start(step, runs_dir, log) for step in steps]
+    lock = threading.Lock()
+    log = _serialised(log, lock)  # one whole line at a time from the worker threads
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    log_dir = runs_dir / "reproduce-logs"
+    spans: dict[str, list[float]] = {}
+
+    def launch(item: tuple[Outcome, str, list[str]]) -> None:
+        out, label, argv = item
+        alone = out.step.alone
+        path = log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.log"
+        log(f"[{out.step.name}] {'would run' if dry_run else 'running'}: {shlex.join(argv)}"
+            + ("" if dry_run else f" ({'every core' if alone else f'{threads} thread(s)'}; log: {path})"))
+        if dry_run:
+            return
+        t0 = time.perf_counter()
+        code = runner(Launch(argv, None if alone else threads, path))
+        t1 = time.perf_counter()
+        out.returncodes.append(code)
+        span = spans.setdefault(out.step.name, [t0, t1])
+        span[0], span[1] = min(span[0], t0), max(span[1], t1)
+        log(f"[{out.step.name}] {label}: {'finished' if code == 0 else f'exited with {code}'} "
+            f"after {(t1 - t0) / 60:.1f} min")
+
+    for wave in sorted({out.step.wave for out, _ in started}):
+        items = [(out, label, argv) for out, todo in started if out.step.wave == wave and todo
+                 for label, argv in run_commands(out.step, todo)]
+        if items and not dry_run:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(launch, [i for i in items if not i[0].step.alone]))
+        for item in (i for i in items if i[0].step.alone):
+            launch(item)
+    for out, todo in started:
+        out.wall_s = spans.get(out.step.name, [0.0, 0.0])[1] - spans.get(out.step.name, [0.0, 0.0])[0]
+        _finish(out, todo, runs_dir)
+    return [out for out, _ in started]
+
+
+def _serialised(log: Callable[[str], None], lock: threading.Lock) -> Callable[[str], None]:
+    def locked(line: str) -> None:
+        with lock:
+            log(line)
+    return locked
+
+
+def _start(step: Step, runs_dir: Path, log: Callable[[str], None]) -> tuple[Outcome, list]:
+    """The step's outcome so far (what is skipped, or why it cannot run) and its runs to do."""
+    out = Outcome(step, note=step.unavailable)
+    if step.unavailable:
+        log(f"[{step.name}] {step.unavailable}")
+        return out, []
+    if step.done_file is not None:
+        if step.done_file.is_file():
+            out.skipped = 1
+            log(f"[{step.name}] skipped: {step.done_file} exists (delete it to re-run)")
+            return out, []
+        return out, [step.done_file]
+    todo = pending(step, find_runs(runs_dir))
+    out.skipped = total(step) - len(todo)
+    log(f"[{step.name}] {out.skipped} finished run(s) skipped, {len(todo)} to run")
+    return out, todo
+
+
+def _finish(out: Outcome, todo: list, runs_dir: Path) -> None:
+    """Count what ran and what is still left once the step's commands have returned."""
+    if out.step.done_file is not None:
+        done = out.step.done_file.is_file()
+        out.ran, out.left = (1, 0) if done and todo else (0, 0 if done else 1)
+    elif todo:
+        left = pending(out.step, find_runs(runs_dir))
+        out.ran, out.left = len(todo) - len(left), len(left)
 
 
 def summary(outcomes: Sequence[Outcome]) -> str:
     """The progress table: per step, runs ran / skipped / left and its wall time."""
-    lines = ["| step | ran | skipped (finished before) | left | wall time (min) | note |",
+    lines = ["| step | ran | skipped (finished before) | left | wall time (min, first start to last finish) | note |",
              "|---|---|---|---|---|---|"]
     for o in outcomes:
         note = o.note or ("; ".join(f"exit {c}" for c in o.returncodes if c) or "")
@@ -223,6 +325,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scrolls-data", type=Path, default=Path("data/scrolls"),
                    help="local SCROLLS JSONL (<dataset>/{train,validation}.jsonl); datasets "
                         "missing there are not run at the cpu profile")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once, each with cpu_count // jobs threads and its own log file")
     p.add_argument("--dry-run", action="store_true", help="show what would run; run nothing")
     p.add_argument("--no-report", action="store_true", help="do not render results/ at the end")
     return p.parse_args(argv)
@@ -230,6 +334,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int:
     args = parse_args(argv)
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs {args.jobs}: give at least 1 (runs at once)")
     steps = plan(args.profile, args.seeds, args.out, args.scrolls_data)
     if args.profile == "paper":
         print("Paper-scale commands (GPUs, the data sets and Llama-2 weights needed; see conf/experiment/*/paper.yaml):")
@@ -238,7 +344,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
                 print("  " + shlex.join(argv_))
     else:
         t0 = time.perf_counter()
-        outcomes = execute(steps, args.runs, runner, dry_run=args.dry_run)
+        outcomes = execute(steps, args.runs, runner, dry_run=args.dry_run, jobs=args.jobs)
         print(summary(outcomes))
         print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
     if not args.no_report and not args.dry_run:

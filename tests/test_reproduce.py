@@ -3,14 +3,17 @@ that only writes run directories (no training runs here)."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
 
 from pipelines import reproduce
-from pipelines.reproduce import commands, execute, pending, plan, summary
+from pipelines.reproduce import Launch, commands, execute, pending, plan, summary
 from tape.report.runs import find_runs
 
 
@@ -28,12 +31,16 @@ class FakeRunner:
     """Records commands; 'runs' a pipelines.train/extend command by writing finished run dirs
     (except for the PEs in ``fail``), and the benchmark by writing its JSON."""
 
-    launched = 0  # over all runners: later runs get later (newer) directory names
+    launched = itertools.count(1)  # over all runners: later runs get later (newer) directory names
 
     def __init__(self, runs: Path, out: Path, fail: tuple[str, ...] = ()) -> None:
-        self.runs, self.out, self.fail, self.calls = runs, out, fail, []
+        self.runs, self.out, self.fail = runs, out, fail
+        self.calls: list[str] = []
+        self.launches: list[Launch] = []
 
-    def __call__(self, argv: list[str]) -> int:
+    def __call__(self, launch: Launch) -> int:
+        argv = launch.argv
+        self.launches.append(launch)
         self.calls.append(shlex.join(argv))
         args = dict(a.split("=", 1) for a in argv if "=" in a)
         if argv[2] == "pipelines.benchmark":
@@ -43,10 +50,10 @@ class FakeRunner:
         pes = args.get("pe", "llama").split(",")
         exps = [f"{args['experiment']}/{d}" for d in args["task.dataset"].split(",")] \
             if "task.dataset" in args else [args["experiment"]]
-        FakeRunner.launched += 1
+        number = next(FakeRunner.launched)
         for exp in exps:
             for pe in pes:
-                finish(self.runs, exp, pe, int(args["seed"]), f"20261123-{FakeRunner.launched:06d}-abcdef",
+                finish(self.runs, exp, pe, int(args["seed"]), f"20261123-{number:06d}-abcdef",
                        done=pe not in self.fail)
         return 1 if any(pe in self.fail for pe in pes) else 0
 
@@ -57,7 +64,7 @@ def step(steps: list, name: str):
 
 def test_cpu_plan_lists_every_experiment_in_order(tmp_path: Path) -> None:
     steps = plan("cpu", out_dir=tmp_path / "results", scrolls_data=tmp_path / "none")
-    assert [s.name for s in steps] == ["addition", "pretrain", "scrolls", "context_extension", "benchmark"]
+    assert [s.name for s in steps] == ["context_extension", "addition", "pretrain", "scrolls", "benchmark"]
     assert [shlex.join(c) for c in commands(step(steps, "addition"))] == [
         "python -m pipelines.train -m experiment=addition/cpu pe=rope,randpe,nope,fire,tape seed=0"]
     assert [shlex.join(c) for c in commands(step(steps, "pretrain"))] == [
@@ -69,8 +76,8 @@ def test_cpu_plan_lists_every_experiment_in_order(tmp_path: Path) -> None:
 
 
 def test_paper_plan_prints_multiruns_and_runs_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    def refuse(argv: list[str]) -> int:
-        raise AssertionError(f"the paper profile must not run {argv}")
+    def refuse(launch: Launch) -> int:
+        raise AssertionError(f"the paper profile must not run {launch}")
 
     reproduce.main(["--profile", "paper", "--runs", str(tmp_path / "runs"), "--out",
                     str(tmp_path / "results"), "--no-report"], runner=refuse)
@@ -104,7 +111,7 @@ def test_execute_runs_what_is_left_then_skips_everything(tmp_path: Path) -> None
     outcomes = {o.step.name: o for o in execute(steps, runs, runner, log=logs.append)}
     assert (outcomes["addition"].ran, outcomes["addition"].skipped, outcomes["addition"].left) == (4, 0, 1)
     assert (outcomes["pretrain"].ran, outcomes["pretrain"].skipped, outcomes["pretrain"].left) == (5, 1, 1)
-    assert "pe=rope" not in runner.calls[1] and "pe=alibi,randpe,fire" in runner.calls[1]
+    assert "pe=rope" not in runner.calls[2] and "pe=alibi,randpe,fire" in runner.calls[2]
     assert (outcomes["context_extension"].ran, outcomes["benchmark"].ran) == (1, 1)
     assert outcomes["scrolls"].ran == 0 and outcomes["scrolls"].note.startswith("not run")
     table = summary(list(outcomes.values()))
@@ -120,12 +127,12 @@ def test_execute_runs_what_is_left_then_skips_everything(tmp_path: Path) -> None
 
 
 def test_dry_run_runs_nothing(tmp_path: Path) -> None:
-    def refuse(argv: list[str]) -> int:
-        raise AssertionError(argv)
+    def refuse(launch: Launch) -> int:
+        raise AssertionError(launch)
 
     outcomes = execute(plan("cpu", out_dir=tmp_path / "r", scrolls_data=None), tmp_path / "runs",
                        refuse, dry_run=True, log=lambda _: None)
-    assert [o.left for o in outcomes] == [5, 7, 0, 1, 1] and not any(o.ran for o in outcomes)
+    assert [o.left for o in outcomes] == [1, 5, 7, 0, 1] and not any(o.ran for o in outcomes)
 
 
 def test_scrolls_runs_only_datasets_with_local_data(tmp_path: Path) -> None:
@@ -149,3 +156,55 @@ def test_main_cpu_renders_the_report_after_running(tmp_path: Path) -> None:
                    runner=runner)
     assert len(runner.calls) == 4
     assert (out / "README.md").is_file() and (out / "tables" / "addition_cpu.csv").is_file()
+
+
+def test_jobs_run_single_runs_side_by_side_then_the_benchmark_alone(tmp_path: Path) -> None:
+    runs, out, data = tmp_path / "runs", tmp_path / "results", tmp_path / "scrolls"
+    for split in ("train", "validation"):
+        (data / "qasper").mkdir(parents=True, exist_ok=True)
+        (data / "qasper" / f"{split}.jsonl").write_text("{}\n")
+    finish(runs, "addition/cpu", "rope", 0, "20261122-205210-0835a8-0")
+    steps = plan("cpu", out_dir=out, scrolls_data=data)
+    runner = FakeRunner(runs, out, fail=("fire",))
+    outcomes = {o.step.name: o for o in execute(steps, runs, runner, log=lambda _: None, jobs=2)}
+    calls = runner.calls
+    assert len(calls) == 1 + 4 + 7 + 6 + 1  # extension, addition (rope done), pretrain, scrolls, benchmark
+    assert not any(" -m experiment" in c for c in calls)  # single runs, no multiruns
+    assert "python -m pipelines.train experiment=addition/cpu pe=tape seed=0" in calls
+    last_pretrain = max(i for i, c in enumerate(calls) if "experiment=pretrain/cpu" in c)
+    first_scrolls = min(i for i, c in enumerate(calls) if "experiment=scrolls/cpu" in c)
+    assert last_pretrain < first_scrolls  # SCROLLS fine-tunes the pretraining runs
+    assert calls[-1].startswith("python -m pipelines.benchmark")
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    assert [la.threads for la in runner.launches[:-1]] == [threads] * (len(calls) - 1)
+    assert runner.launches[-1].threads is None  # the benchmark times with every core
+    logs = [la.log for la in runner.launches]
+    assert all(p.parent == runs / "reproduce-logs" for p in logs) and len(set(logs)) == len(logs)
+    assert {p.name.split("-", 2)[-1] for p in logs[:2]} == {"context_extension-seed0.log", "addition-randpe-seed0.log"}
+    assert (outcomes["addition"].ran, outcomes["addition"].skipped, outcomes["addition"].left) == (3, 1, 1)
+    assert (outcomes["scrolls"].ran, outcomes["scrolls"].left) == (5, 1)
+    assert outcomes["benchmark"].ran == 1 and outcomes["addition"].returncodes.count(1) == 1
+
+    again = FakeRunner(runs, out)
+    execute(steps, runs, again, log=lambda _: None, jobs=2)
+    assert sorted(again.calls) == [  # the failed FIRE runs only
+        "python -m pipelines.train experiment=addition/cpu pe=fire seed=0",
+        "python -m pipelines.train experiment=pretrain/cpu pe=fire seed=0",
+        f"python -m pipelines.train experiment=scrolls/cpu pe=fire seed=0 task.dataset=qasper "
+        f"task.pretrained_run=last task.data_dir={data}"]
+
+
+def test_jobs_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--jobs 0"):
+        reproduce.main(["--jobs", "0", "--runs", str(tmp_path), "--dry-run"])
+
+
+def test_run_command_sets_threads_and_never_overwrites_a_log(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    show = ["python", "-c", "import os, sys; print(os.environ['OMP_NUM_THREADS'], sys.executable)"]
+    assert reproduce.run_command(Launch(show, threads=3, log=log)) == 0
+    threads, exe = log.read_text().split()
+    assert threads == "3" and Path(exe).resolve() == Path(sys.executable).resolve()
+    with pytest.raises(FileExistsError):
+        reproduce.run_command(Launch(show, threads=1, log=log))
+    assert log.read_text().startswith("3 ")
