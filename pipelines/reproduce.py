@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -89,9 +90,11 @@ def scrolls_datasets(data_dir: Path | None) -> tuple[tuple[str, ...], str]:
     return tuple(present), note
 
 
-def plan(profile: str, seeds: Sequence[int] = (0,), out_dir: Path = Path("results"),
+def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"),
          scrolls_data: Path | None = Path("data/scrolls")) -> list[Step]:
-    """Every experiment at ``profile`` in the order it runs."""
+    """Every experiment at ``profile`` in the order it runs. The benchmark writes under
+    ``runs_dir/benchmark/<profile>`` like every other run (so a checkout's committed results/
+    never counts as done on a new machine); :func:`publish_benchmark` copies it into results/."""
     if profile not in PROFILES:
         raise ValueError(f"--profile {profile!r}: choose one of {PROFILES}")
     seeds = tuple(seeds)
@@ -108,9 +111,26 @@ def plan(profile: str, seeds: Sequence[int] = (0,), out_dir: Path = Path("result
         Step("scrolls", "pipelines.train", f"scrolls/{profile}", SCROLLS_PES, seeds,
              ("task.pretrained_run=last", *scrolls_extra), datasets=datasets, unavailable=scrolls_note,
              wave=1),
-        Step("benchmark", "pipelines.benchmark", "", overrides=(*bench, f"output_dir={out_dir}"),
-             done_file=out_dir / "efficiency.json", wave=2, alone=True),
+        Step("benchmark", "pipelines.benchmark", "", overrides=(*bench, f"output_dir={bench_dir(runs_dir, profile)}"),
+             done_file=bench_dir(runs_dir, profile) / "efficiency.json", wave=2, alone=True),
     ]
+
+
+def bench_dir(runs_dir: Path, profile: str) -> Path:
+    """Where the reproduction's benchmark writes efficiency.md / .json."""
+    return runs_dir / "benchmark" / profile
+
+
+def publish_benchmark(runs_dir: Path, profile: str, out_dir: Path) -> bool:
+    """Copy the profile's benchmark output into ``out_dir`` (the report links it); False when
+    the benchmark has not run."""
+    src = bench_dir(runs_dir, profile)
+    if not (src / "efficiency.json").is_file():
+        return False
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("efficiency.md", "efficiency.json"):
+        shutil.copy2(src / name, out_dir / name)
+    return True
 
 
 def pending(step: Step, runs: Sequence[Run]) -> list[tuple[str, str, int]]:
@@ -336,7 +356,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
     args = parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs {args.jobs}: give at least 1 (runs at once)")
-    steps = plan(args.profile, args.seeds, args.out, args.scrolls_data)
+    steps = plan(args.profile, args.seeds, args.runs, args.scrolls_data)
     if args.profile == "paper":
         print("Paper-scale commands (GPUs, the data sets and Llama-2 weights needed; see conf/experiment/*/paper.yaml):")
         for step in steps:
@@ -348,6 +368,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         print(summary(outcomes))
         print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
     if not args.no_report and not args.dry_run:
+        if publish_benchmark(args.runs, args.profile, args.out):
+            print(f"benchmark: {bench_dir(args.runs, args.profile)}/efficiency.{{md,json}} copied to {args.out}/")
         done = render(args.runs, args.out)  # cpu and every other scale that has runs
         print(f"report: {len(done.files)} files under {args.out}/ ({args.out / 'README.md'})")
     return 0

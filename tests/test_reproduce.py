@@ -46,6 +46,7 @@ class FakeRunner:
         if argv[2] == "pipelines.benchmark":
             Path(args["output_dir"]).mkdir(parents=True, exist_ok=True)
             (Path(args["output_dir"]) / "efficiency.json").write_text("{}")
+            (Path(args["output_dir"]) / "efficiency.md").write_text("# Efficiency (fake run)\n")
             return 0
         pes = args.get("pe", "llama").split(",")
         exps = [f"{args['experiment']}/{d}" for d in args["task.dataset"].split(",")] \
@@ -63,7 +64,7 @@ def step(steps: list, name: str):
 
 
 def test_cpu_plan_lists_every_experiment_in_order(tmp_path: Path) -> None:
-    steps = plan("cpu", out_dir=tmp_path / "results", scrolls_data=tmp_path / "none")
+    steps = plan("cpu", runs_dir=tmp_path / "runs", scrolls_data=tmp_path / "none")
     assert [s.name for s in steps] == ["context_extension", "addition", "pretrain", "scrolls", "benchmark"]
     assert [shlex.join(c) for c in commands(step(steps, "addition"))] == [
         "python -m pipelines.train -m experiment=addition/cpu pe=rope,randpe,nope,fire,tape seed=0"]
@@ -105,7 +106,7 @@ def test_finished_runs_are_skipped_unfinished_ones_rerun(tmp_path: Path) -> None
 def test_execute_runs_what_is_left_then_skips_everything(tmp_path: Path) -> None:
     runs, out = tmp_path / "runs", tmp_path / "results"
     finish(runs, "pretrain/cpu", "rope", 0, "20261122-205210-0835a8-0")
-    steps = plan("cpu", out_dir=out, scrolls_data=None)
+    steps = plan("cpu", runs_dir=runs, scrolls_data=None)
     runner = FakeRunner(runs, out, fail=("fire",))
     logs: list[str] = []
     outcomes = {o.step.name: o for o in execute(steps, runs, runner, log=logs.append)}
@@ -130,7 +131,7 @@ def test_dry_run_runs_nothing(tmp_path: Path) -> None:
     def refuse(launch: Launch) -> int:
         raise AssertionError(launch)
 
-    outcomes = execute(plan("cpu", out_dir=tmp_path / "r", scrolls_data=None), tmp_path / "runs",
+    outcomes = execute(plan("cpu", runs_dir=tmp_path / "runs", scrolls_data=None), tmp_path / "runs",
                        refuse, dry_run=True, log=lambda _: None)
     assert [o.left for o in outcomes] == [1, 5, 7, 0, 1] and not any(o.ran for o in outcomes)
 
@@ -156,6 +157,17 @@ def test_main_cpu_renders_the_report_after_running(tmp_path: Path) -> None:
                    runner=runner)
     assert len(runner.calls) == 4
     assert (out / "README.md").is_file() and (out / "tables" / "addition_cpu.csv").is_file()
+    assert (out / "efficiency.md").read_text() == "# Efficiency (fake run)\n"  # published from runs/
+
+
+def test_a_checkouts_committed_benchmark_does_not_count_as_run_here(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "efficiency.json").write_text("{}")  # as in a fresh clone
+    bench = step(plan("cpu", runs_dir=tmp_path / "runs", scrolls_data=None), "benchmark")
+    assert bench.done_file == tmp_path / "runs" / "benchmark" / "cpu" / "efficiency.json"
+    assert f"output_dir={tmp_path / 'runs' / 'benchmark' / 'cpu'}" in shlex.join(commands(bench)[0])
+    assert not reproduce.publish_benchmark(tmp_path / "runs", "cpu", out)
 
 
 def test_jobs_run_single_runs_side_by_side_then_the_benchmark_alone(tmp_path: Path) -> None:
@@ -164,7 +176,7 @@ def test_jobs_run_single_runs_side_by_side_then_the_benchmark_alone(tmp_path: Pa
         (data / "qasper").mkdir(parents=True, exist_ok=True)
         (data / "qasper" / f"{split}.jsonl").write_text("{}\n")
     finish(runs, "addition/cpu", "rope", 0, "20261122-205210-0835a8-0")
-    steps = plan("cpu", out_dir=out, scrolls_data=data)
+    steps = plan("cpu", runs_dir=runs, scrolls_data=data)
     runner = FakeRunner(runs, out, fail=("fire",))
     outcomes = {o.step.name: o for o in execute(steps, runs, runner, log=lambda _: None, jobs=2)}
     calls = runner.calls
