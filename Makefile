@@ -4,8 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 PROFILE ?= cpu
-# reproduce-table: runs at once, each with cores / JOBS torch threads
+# reproduce-table: runs at once (each with cores / JOBS torch threads), and the seeds to run
 JOBS    ?= 2
+SEEDS   ?= 0
 
 .DEFAULT_GOAL := help
 
@@ -31,8 +32,8 @@ bench:  ## Efficiency benchmark (CPU, a few minutes): writes results/efficiency.
 	nice -n 10 $(BIN)/python -m pipelines.benchmark
 .PHONY: bench
 
-reproduce-table:  ## Run every experiment at PROFILE=cpu (skips finished runs) or print PROFILE=paper's commands; then render results/
-	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS)
+reproduce-table:  ## Run every experiment at PROFILE=cpu (JOBS=2 runs at once, SEEDS=0 or e.g. SEEDS="0 1"; skips finished runs) or print PROFILE=paper's commands; then render results/
+	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS) --seeds $(SEEDS)
 
 report:  ## Render results/ (tables, figures, runs.csv) from the run directories, never W&B
 	$(BIN)/python -m pipelines.report
