@@ -268,9 +268,10 @@ def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, job
         t0 = time.perf_counter()
         code = runner(Launch(argv, None if alone else threads, path))
         t1 = time.perf_counter()
-        out.returncodes.append(code)
-        span = spans.setdefault(out.step.name, [t0, t1])
-        span[0], span[1] = min(span[0], t0), max(span[1], t1)
+        with lock:
+            out.returncodes.append(code)
+            span = spans.setdefault(out.step.name, [t0, t1])
+            span[0], span[1] = min(span[0], t0), max(span[1], t1)
         log(f"[{out.step.name}] {label}: {'finished' if code == 0 else f'exited with {code}'} "
             f"after {(t1 - t0) / 60:.1f} min")
 
@@ -284,12 +285,14 @@ def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, job
         for item in (i for i in items if i[0].step.alone):
             launch(item)
     for out, todo in started:
-        out.wall_s = spans.get(out.step.name, [0.0, 0.0])[1] - spans.get(out.step.name, [0.0, 0.0])[0]
+        first, last = spans.get(out.step.name, (0.0, 0.0))
+        out.wall_s = last - first
         _finish(out, todo, runs_dir)
     return [out for out, _ in started]
 
 
 def _serialised(log: Callable[[str], None], lock: threading.Lock) -> Callable[[str], None]:
+    """``log`` that holds ``lock`` while it writes, so lines from worker threads never mix."""
     def locked(line: str) -> None:
         with lock:
             log(line)
