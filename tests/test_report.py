@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -379,3 +380,25 @@ def test_context_extension_variants_are_left_out_of_the_paper_tables(tmp_path) -
     assert not a.variant and b.variant
     assert not Run(tmp_path / "none", "context_extension/cpu", "llama", 0, {}).variant
     assert list(latest_finished([a, b]).values()) == [a]  # the newer variant is not "the" run
+
+
+def test_commit_label_ignores_rendered_results_but_not_code(tmp_path: Path) -> None:
+    import subprocess
+
+    from tape.bench.machine import commit_label
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "README.md").write_text("old\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    assert re.fullmatch(r"[0-9a-f]{40}", commit_label(tmp_path))
+    (tmp_path / "results" / "README.md").write_text("re-rendered\n")  # what the report does
+    assert not commit_label(tmp_path).endswith("+dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert commit_label(tmp_path).endswith("+dirty")

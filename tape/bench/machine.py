@@ -94,9 +94,10 @@ def git_state(root: Path, paths: tuple[str, ...] = ("tape", "pipelines/benchmark
 
 
 def commit_label(root: Path) -> str:
-    """The checked-out commit of the whole repository, "+dirty" appended when tracked files had
-    uncommitted changes; "unknown" outside a git checkout. What run directories record."""
-    state = git_state(root, paths=())
+    """The checked-out commit, "+dirty" appended when tracked files outside results/ had
+    uncommitted changes (results/ is what the report writes, not code); "unknown" outside a
+    git checkout. What run directories and report stamps record."""
+    state = git_state(root, paths=(".", ":(exclude)results"))
     if not state["commit"]:
         return "unknown"
     return state["commit"] + ("+dirty" if state["dirty"] else "")
