@@ -18,7 +18,7 @@ MAX_COMMANDS = 3
 
 
 def git_head(repo: Path = REPO) -> str:
-    """The checked-out commit, short (with "+dirty" when tracked files changed), or "unknown"."""
+    """The checked-out commit, short (with "+dirty" when code outside results/ changed), or "unknown"."""
     return _short(commit_label(repo))
 
 
