@@ -35,6 +35,7 @@ from tape.report.render import render
 from tape.report.runs import Run, find_runs, latest_finished
 
 PROFILES = ("cpu", "paper")
+WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
 # The paper profile needs inputs only the user has; the printed commands show where they go.
 PAPER_EXTEND_INPUTS = ("model.pretrained_path=/path/to/Llama-2-7b-hf",
                        "data.eval_files.pg19=/path/to/pg19/test.bin",
@@ -206,6 +207,7 @@ class Launch:
     argv: list[str]
     threads: int | None = None
     log: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
 
 
 Runner = Callable[[Launch], int]
@@ -214,7 +216,7 @@ Runner = Callable[[Launch], int]
 def run_command(launch: Launch) -> int:
     """Run one command with this interpreter (``python`` -> sys.executable); its return code."""
     argv = [sys.executable if a == "python" and i == 0 else a for i, a in enumerate(launch.argv)]
-    env = dict(os.environ)
+    env = {**os.environ, **launch.env}
     if launch.threads is not None:  # torch reads these when it starts
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(launch.threads)
     if launch.log is None:
@@ -226,9 +228,11 @@ def run_command(launch: Launch) -> int:
 def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
             dry_run: bool = False, log: Callable[[str], None] = print, jobs: int = 1) -> list[Outcome]:
     """Run each step's unfinished runs, never re-running a finished one: one step after the
-    other as Hydra multiruns (``jobs`` = 1), or ``jobs`` single runs at a time."""
+    other as Hydra multiruns (``jobs`` = 1), or ``jobs`` single runs at a time. Every run of
+    one call logs to one W&B group, ``reproduce-<time>`` (conf/logger/wandb.yaml)."""
+    group = {WANDB_GROUP_VAR: f"reproduce-{time.strftime('%Y%m%d-%H%M%S')}"}
     if jobs > 1:
-        return _execute_parallel(steps, runs_dir, runner, jobs, dry_run, log)
+        return _execute_parallel(steps, runs_dir, runner, jobs, dry_run, log, group)
     outcomes = []
     for step in steps:
         out, todo = _start(step, runs_dir, log)
@@ -238,7 +242,7 @@ def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
             for argv in commands(step, None if step.done_file is not None else todo):
                 log(f"[{step.name}] {'would run' if dry_run else 'running'}: {shlex.join(argv)}")
                 if not dry_run:
-                    out.returncodes.append(runner(Launch(argv)))
+                    out.returncodes.append(runner(Launch(argv, env=group)))
                     if out.returncodes[-1]:
                         log(f"[{step.name}] exited with {out.returncodes[-1]}; going on with the next command")
             out.wall_s = time.perf_counter() - t0
@@ -247,7 +251,7 @@ def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
 
 
 def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, jobs: int,
-                      dry_run: bool, log: Callable[[str], None]) -> list[Outcome]:
+                      dry_run: bool, log: Callable[[str], None], env: dict[str, str]) -> list[Outcome]:
     """Waves in order; inside a wave ``jobs`` runs at once (cpu_count // jobs threads each),
     then the ``alone`` steps one by one with every thread."""
     started = [_start(step, runs_dir, log) for step in steps]
@@ -266,7 +270,7 @@ def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, job
         if dry_run:
             return
         t0 = time.perf_counter()
-        code = runner(Launch(argv, None if alone else threads, path))
+        code = runner(Launch(argv, None if alone else threads, path, env))
         t1 = time.perf_counter()
         with lock:
             out.returncodes.append(code)

@@ -220,3 +220,20 @@ def test_run_command_sets_threads_and_never_overwrites_a_log(tmp_path: Path) -> 
     with pytest.raises(FileExistsError):
         reproduce.run_command(Launch(show, threads=1, log=log))
     assert log.read_text().startswith("3 ")
+
+
+def test_one_reproduction_logs_to_one_wandb_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import compose_config
+
+    runs = tmp_path / "runs"
+    for jobs in (1, 2):
+        runner = FakeRunner(runs, tmp_path / "results")
+        execute(plan("cpu", runs_dir=runs / str(jobs), scrolls_data=None), runs / str(jobs), runner,
+                log=lambda _: None, jobs=jobs)
+        groups = {la.env.get(reproduce.WANDB_GROUP_VAR) for la in runner.launches}
+        assert len(groups) == 1 and groups.pop().startswith("reproduce-")
+    cfg = compose_config("config", ["experiment=addition/smoke", "logger=wandb"])
+    assert cfg.logger.wandb.group == "addition/smoke"  # a run on its own: its experiment
+    monkeypatch.setenv(reproduce.WANDB_GROUP_VAR, "reproduce-20261123-000000")
+    assert cfg.logger.wandb.group == "reproduce-20261123-000000"
+    assert "experiment:addition/smoke" in cfg.logger.wandb.tags
