@@ -89,7 +89,7 @@ def test_logger_choices() -> None:
     assert set(compose_config("config", ["logger=csv"]).logger) == {"csv"}
     assert not compose_config("config", ["logger=none"]).logger
     tags = compose_config("config", ["experiment=addition/cpu", "pe=fire", "seed=3"]).logger.wandb
-    assert list(tags.tags) == ["task:addition", "pe:fire", "scale:cpu", "seed:3"]
+    assert list(tags.tags) == ["experiment:addition/cpu", "task:addition", "pe:fire", "scale:cpu", "seed:3"]
     assert tags.group == "addition/cpu" and tags.project == "tape-repro"
 
 
