@@ -35,7 +35,7 @@ def pretrained(data_dir, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false"])
     with open_dict(cfg):
         cfg.paths.runs_dir = str(runs)
-        cfg.paths.output_dir = str(runs / "pretrain/smoke/tape/0/pretrained")
+        cfg.paths.output_dir = str(runs / "pretrain/smoke/tape/0/20261122-120000-abcdef")  # as hydra names it
     train(cfg)
     assert (Path(cfg.paths.output_dir) / "metrics.json").is_file()
     return Path(cfg.paths.output_dir)

@@ -29,6 +29,7 @@ from tape.data.scrolls import (
 from tape.lightning import FineTuneDataModule
 from tape.metrics.scrolls import score_file
 from tape.model.generate import TopKTopPSampler, argmax_choice, greedy_generate
+from tape.report.runs import find_runs, latest_finished
 
 
 # ---------------------------------------------------------------------------- pretrained run
@@ -40,16 +41,17 @@ def _find_pretrained(cfg: DictConfig) -> Path:
             "directory that `python -m pipelines.train experiment=pretrain/<scale> pe=<pe>` printed, "
             "or task.pretrained_run=last for the newest finished one with this pe and seed"
         )
-    if value == "last":
+    if value == "last":  # the run the report and the reproduction count as this PE's and seed's
         pattern = f"{cfg.task.pretrain_experiment}/{cfg.pe.name}/{cfg.seed}/*/metrics.json"
-        found = sorted(Path(cfg.paths.runs_dir).glob(pattern), key=lambda p: p.stat().st_mtime)
-        if not found:
+        key = (str(cfg.task.pretrain_experiment), str(cfg.pe.name), int(cfg.seed))
+        newest = latest_finished(find_runs(cfg.paths.runs_dir)).get(key)
+        if newest is None:
             raise PipelineConfigError(
                 f"task.pretrained_run=last: no finished run matches {Path(cfg.paths.runs_dir) / pattern}; "
                 f"pretrain first (python -m pipelines.train experiment={cfg.task.pretrain_experiment} "
                 f"pe={cfg.pe.name} seed={cfg.seed})"
             )
-        return found[-1].parent
+        return newest.path
     run = Path(str(value))
     for need in ("config.yaml", "checkpoints/last.ckpt"):
         if not (run / need).is_file():
