@@ -239,7 +239,7 @@ def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
         outcomes.append(out)
         if todo:
             t0 = time.perf_counter()
-            for argv in commands(step, None if step.done_file is not None else todo):
+            for argv in commands(step, todo):
                 log(f"[{step.name}] {'would run' if dry_run else 'running'}: {shlex.join(argv)}")
                 if not dry_run:
                     out.returncodes.append(runner(Launch(argv, env=group)))
