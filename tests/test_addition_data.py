@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tape.data.addition import (
-    EOS, EQUALS, IGNORE_INDEX, PAD, PLUS, VOCAB_SIZE, AdditionStream, bucket_examples,
-    cell_examples, collate, decode, encode, max_sequence_length,
+    EOS, EQUALS, IGNORE_INDEX, PAD, PLUS, VOCAB_SIZE, AdditionExample, AdditionStream,
+    bucket_examples, cell_examples, collate, decode, encode, max_sequence_length, parse_sum,
 )
 
 
@@ -73,9 +73,8 @@ PINNED_DIGEST = "c8addbc1ae2d4200781e8ff9ee645fa75fe8add4ab1c569cc2aec579183a78f
 
 def test_encode_decode_roundtrip_and_vocabulary() -> None:
     assert VOCAB_SIZE == 18
-    ids = encode("0189+21=x-?")
+    ids = encode("0189+21=x-")
     assert ids[:4] == [4, 5, 12, 13] and ids[4] == PLUS == 14 and ids[7] == EQUALS == 17
-    assert ids[-1] == 1  # unknown character -> UNK
     assert decode(encode("907+13=0201")) == "907+13=0201"
     assert encode(" ") == [PAD]
 
@@ -110,3 +109,54 @@ def test_stream_batches_depend_only_on_seed_rank_and_index() -> None:
 def test_bad_lengths_are_rejected() -> None:
     with pytest.raises(ValueError, match="max_digits"):
         bucket_examples(0, 1, 0)
+
+
+def test_encode_names_a_character_outside_the_vocabulary() -> None:
+    with pytest.raises(ValueError, match=r"character 'a' at position 2"):
+        encode("12a+3=")  # was silently <unk>
+    with pytest.raises(ValueError, match=r"'\?'"):
+        encode("1+2=?")
+    with pytest.raises(TypeError, match="takes a str"):
+        encode(12)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("a, b, error, match", [
+    (-5, 3, ValueError, r"a=-5.*non-negative"),  # built the prompt '5-+3='
+    (3, -1, ValueError, r"b=-1.*non-negative"),
+    (1.5, 2, TypeError, r"a=1.5.*got float"),  # built '5.1+2='
+    ("12", "3", TypeError, r"a='12'.*got str"),  # answer '321': string concatenation
+    (True, 2, TypeError, r"a=True.*got bool"),
+    (2.0, 2, TypeError, r"got float"),
+])
+def test_operands_must_be_non_negative_integers(a, b, error, match) -> None:
+    with pytest.raises(error, match=match):
+        AdditionExample(a, b)
+
+
+def test_numpy_integer_operands_become_ints() -> None:
+    import numpy as np
+
+    ex = AdditionExample(np.int64(12), np.uint8(9))
+    assert type(ex.a) is int and ex.prompt == "21+9=" and ex.answer == "12"
+    assert AdditionExample(0, 0).answer == "0"
+
+
+@given(a=st.integers(0, 10**30), b=st.integers(0, 10**30))
+def test_parse_sum_reads_normal_notation(a: int, b: int) -> None:
+    assert parse_sum(f"{a}+{b}=") == AdditionExample(a, b)
+
+
+@pytest.mark.parametrize("prompt, match", [
+    ("12a+3=", r"character 'a' at position 2"),
+    ("12+34", "one '=' at the end"),
+    ("12+3+4=", "one '\\+' between"),
+    ("+34=", "<digits>\\+<digits>="),
+    ("12=34+", "<digits>\\+<digits>="),
+    ("-5+3=", "character '-' at position 0"),
+    ("1.5+2=", "character '.' at position 1"),
+    ("", "<digits>"),
+    ("\u0663+1=", "character"),  # an Arabic-Indic digit is not one of the model's digits
+])
+def test_parse_sum_rejects_malformed_prompts(prompt: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_sum(prompt)

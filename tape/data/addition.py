@@ -10,6 +10,8 @@ an argument, ecosystem.md section 8).
 
 from __future__ import annotations
 
+import numbers
+import re
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -31,8 +33,17 @@ TRAIN_STREAM, VAL_STREAM, GRID_STREAM, SAMPLE_STREAM = 0, 1, 2, 3
 
 
 def encode(text: str) -> list[int]:
-    """Characters -> token ids (space -> PAD, anything outside the vocabulary -> UNK)."""
-    return [PAD if ch == " " else TOKEN_ID.get(ch, UNK) for ch in text]
+    """Characters -> token ids (space -> PAD); a character outside the vocabulary is an error,
+    never a silent ``<unk>``, so a typo in a prompt cannot turn into a different question."""
+    if not isinstance(text, str):
+        raise TypeError(f"encode() takes a str, got {type(text).__name__} {text!r}")
+    for pos, ch in enumerate(text):
+        if ch != " " and ch not in TOKEN_ID:
+            raise ValueError(
+                f"encode({text!r}): character {ch!r} at position {pos} is not in the addition "
+                f"vocabulary (digits 0-9, '+', '-', 'x', '=' and space)"
+            )
+    return [PAD if ch == " " else TOKEN_ID[ch] for ch in text]
 
 
 def decode(ids: Sequence[int]) -> str:
@@ -46,6 +57,21 @@ class AdditionExample:
 
     a: int
     b: int
+
+    def __post_init__(self) -> None:
+        for name in ("a", "b"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(
+                    f"AdditionExample({name}={value!r}): operands must be non-negative integers, "
+                    f"got {type(value).__name__}; pass int({value!r}) if that is what you mean"
+                )
+            if value < 0:
+                raise ValueError(
+                    f"AdditionExample({name}={value}): operands must be non-negative integers "
+                    "(the task adds digit strings; it has no sign)"
+                )
+            object.__setattr__(self, name, int(value))  # numpy ints -> int, so str() is digits
 
     @property
     def len_a(self) -> int:
@@ -155,3 +181,64 @@ class AdditionStream(IterableDataset):
         while True:
             yield self.batch(index)
             index += 1
+
+
+# ---------------------------------------------------------------------------- asking a model
+PROMPT_CHARS = frozenset("0123456789+=")
+_SUM = re.compile(r"([0-9]+)\+([0-9]+)=")
+DIGIT_IDS = tuple(TOKEN_ID[d] for d in "0123456789")
+
+
+def parse_sum(prompt: str) -> AdditionExample:
+    """A sum as a person writes it, ``"12+34="`` (most significant digit first), as an example;
+    anything that is not digits, one '+' and a final '=' is an error naming the problem."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"a prompt is a str such as '12+34=', got {type(prompt).__name__} {prompt!r}")
+    for pos, ch in enumerate(prompt):
+        if ch not in PROMPT_CHARS:
+            raise ValueError(f"prompt {prompt!r}: character {ch!r} at position {pos} is not allowed; "
+                             "a prompt is digits, one '+' and a final '=', e.g. '12+34='")
+    match = _SUM.fullmatch(prompt)
+    if match is None:
+        raise ValueError(f"prompt {prompt!r} is not of the form <digits>+<digits>= (e.g. '12+34='): "
+                         "it needs one '+' between two numbers and one '=' at the end")
+    return AdditionExample(int(match[1]), int(match[2]))
+
+
+class DigitsThenEos:
+    """Greedy choice restricted to what an answer can be: a digit first, then digits or EOS,
+    and EOS after ``max_digits`` digits (for ``greedy_generate``'s ``choose``; batch of one)."""
+
+    def __init__(self, max_digits: int) -> None:
+        self.max_digits, self.step = max_digits, 0
+
+    def __call__(self, logits: Tensor) -> Tensor:  # (B, V) -> (B,)
+        if logits.shape[-1] < VOCAB_SIZE:
+            raise ValueError(f"the model has {logits.shape[-1]} output tokens, fewer than the addition "
+                             f"vocabulary's {VOCAB_SIZE}: it is not an addition model")
+        allowed = list(DIGIT_IDS) if self.step < self.max_digits else []
+        if self.step > 0:
+            allowed.append(EOS)
+        self.step += 1
+        masked = torch.full_like(logits, float("-inf"))
+        masked[:, allowed] = logits[:, allowed]
+        return masked.argmax(-1)
+
+
+@torch.no_grad()
+def solve(model: torch.nn.Module, prompt: str) -> str:
+    """The model's answer to ``prompt`` ("12+34=", normal notation) in normal digit order ("46").
+
+    The model is given the reversed prompt it was trained on ("21+43="); its reversed answer is
+    read back to front. Decoding is greedy over digits and EOS only (at most one digit more than
+    the longer operand), so the answer is always a number, right or wrong."""
+    from tape.model.generate import greedy_generate  # pure PyTorch; lazy keeps tape.data light
+
+    example = parse_sum(prompt)
+    max_digits = max(example.len_a, example.len_b) + 1  # the longest possible sum
+    device = next(model.parameters()).device
+    ids = torch.tensor([example.prompt_ids()], device=device)  # (1, P)
+    out = greedy_generate(model, ids, max_digits + 1, eos_token_id=EOS, choose=DigitsThenEos(max_digits))
+    new = out[0, ids.shape[1]:].tolist()
+    digits = new[: new.index(EOS)] if EOS in new else new
+    return decode(digits)[::-1]

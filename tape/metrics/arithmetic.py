@@ -62,6 +62,11 @@ def evaluate_grid(
     Cells with the same prompt length (len_a + len_b + 2) are decoded together, so batches need
     no padding; each batch generates as many tokens as its longest gold answer.
     """
+    if max_digits < 1 or examples_per_cell < 1:
+        raise ValueError(
+            f"evaluate_grid(max_digits={max_digits}, examples_per_cell={examples_per_cell}): both "
+            "must be >= 1 (the grid is [1..max_digits]^2 with examples_per_cell sums per cell)"
+        )
     device = torch.device(device) if device is not None else next(model.parameters()).device
     by_length: dict[int, list[tuple[int, int, AdditionExample]]] = defaultdict(list)
     for la in range(1, max_digits + 1):

@@ -43,6 +43,27 @@ class TopKTopPSampler:
         return torch.multinomial(logits.softmax(-1), 1, generator=self.generator)[:, 0]
 
 
+def vocab_size(model: nn.Module) -> int | None:
+    """The number of input token ids ``model`` embeds (our DecoderLM or a Hugging Face model)."""
+    cfg_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
+    if cfg_size is not None:
+        return int(cfg_size)
+    get = getattr(model, "get_input_embeddings", None)
+    embed = get() if callable(get) else None
+    return int(embed.num_embeddings) if isinstance(embed, nn.Embedding) else None
+
+
+def check_token_ids(ids: Tensor, size: int | None, name: str = "prompt_ids") -> None:
+    """A clear error for ids the embedding cannot look up (torch says only 'index out of range')."""
+    if size is None or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} holds token id {bad}, outside the model's vocabulary: ids must be "
+                         f"in [0, {size}) (vocab_size={size})")
+
+
 def positions_from_mask(mask: Tensor, n_last: int) -> Tensor:
     """Positions that count real tokens only (left padding), for the last n_last columns."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -n_last:]
@@ -63,6 +84,7 @@ def greedy_generate(
     emitting it. With ``return_logits`` also the (B, new, V) logits each token came from.
     ``use_cache=False`` recomputes the whole prefix every step (a reference for tests).
     ``choose`` picks each next token from the logits (greedy unless a sampler is given)."""
+    check_token_ids(prompt_ids, vocab_size(model))
     was_training = model.training
     model.eval()
     try:
