@@ -38,6 +38,11 @@ reproduce-table:  ## Run every experiment at PROFILE=cpu (JOBS=2 runs at once, S
 report:  ## Render results/ (tables, figures, runs.csv) from the run directories, never W&B
 	$(BIN)/python -m pipelines.report
 
+notebook:  ## Execute notebooks/results.ipynb on results/; the copy with its figures goes to runs/notebook/
+	mkdir -p runs/notebook
+	$(BIN)/jupyter execute notebooks/results.ipynb --output=$(CURDIR)/runs/notebook/results
+.PHONY: notebook
+
 wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B login)
 	find runs -type d -name 'offline-run-*' -print0 | xargs -0 -r $(BIN)/wandb sync
 .PHONY: reproduce-table report wandb-sync
