@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from omegaconf import DictConfig
 
+from pipelines import wandb_log
 from pipelines.tasks import get_task
 from pipelines.utils import (
     check_trainer, claim_run_dir, instantiate_group, is_rank_zero, model_config,
@@ -58,7 +59,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     module = build_module(cfg)
     if ckpt is None and hasattr(task, "initialize"):  # e.g. load pretrained weights
         task.initialize(module.model, cfg)
-    loggers = instantiate_group(cfg.get("logger"))
+    loggers = wandb_log.open_loggers(cfg, ckpt)  # W&B: full config; a resume continues its run
     callbacks = instantiate_group(cfg.get("callbacks")) + list(extra_callbacks)
     if not loggers:  # LearningRateMonitor refuses to run without a logger
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
@@ -86,11 +87,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
         model = module.model.to(trainer.strategy.root_device)
         metrics.update(task.evaluate(model, cfg.task, run_dir, f"{cfg.pe.name} seed {cfg.seed}"))
     metrics["wall_time_s"] = time.perf_counter() - t_start
+    wandb_log.log_results(trainer.loggers, run_dir, cfg, trainer.global_step)  # tables, figures
     for lg in trainer.loggers:
         lg.log_metrics({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, float)},
                        step=trainer.global_step)
-        if hasattr(lg, "log_image") and (run_dir / "heatmap.png").exists():
-            lg.log_image(key="eval/heatmap", images=[str(run_dir / "heatmap.png")])
         lg.finalize("success")
     write_json_once(run_dir / "metrics.json", metrics)
     log.info("metrics: %s", {k: v for k, v in metrics.items() if "accuracy" in k})

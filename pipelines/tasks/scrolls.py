@@ -8,7 +8,8 @@ fine-tuning model adopts that run's model and PE config (only ``max_seq_len`` be
 Data come from ``task.data_dir`` (local JSONL) or the hub (``tau/scrolls``); with neither, the run
 fails at once with what to do. Evaluation generates on the validation split (greedy for QA/NLI,
 seeded sampling for summaries, as the paper), writes ``predictions.json`` ({id: prediction}) and
-``scores.json``, and returns the task's metric.
+``scores.json``, ``predictions_scored.jsonl`` (per example: prediction, references, score) and
+returns the task's metric.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tape.data.scrolls import (
     prompt_ids, training_row,
 )
 from tape.lightning import FineTuneDataModule
-from tape.metrics.scrolls import score_file
+from tape.metrics.scrolls import SCORE_KEY, compute_scores, score_file
 from tape.model.generate import TopKTopPSampler, argmax_choice, greedy_generate
 from tape.report.runs import find_runs, latest_finished
 
@@ -197,8 +198,20 @@ def predict(model: Any, t: DictConfig, tok: TokenizerView, lengths: Lengths, exa
     return out
 
 
+def write_scored_predictions(predictions: dict[str, str], refs: dict[str, list[str]], metric: str,
+                             path: Path) -> None:
+    """One JSON line per example: id, prediction, references and its score (the task's metric in
+    %, best over references), so a reader sees which examples a model gets right."""
+    with open(path, "x") as f:
+        for key, refs_i in refs.items():
+            score = compute_scores(metric, [predictions[key]], [refs_i])[SCORE_KEY[metric]]
+            f.write(json.dumps({"id": key, "prediction": predictions[key], "references": refs_i,
+                                "score": score}, ensure_ascii=False) + "\n")
+
+
 def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, Any]:
-    """Generate on validation -> predictions.json, scores.json; the metric for metrics.json."""
+    """Generate on validation -> predictions.json, scores.json, predictions_scored.jsonl; the
+    metric for metrics.json."""
     t0 = time.perf_counter()
     t = task_cfg
     tok = TokenizerView(t.pretrained)
@@ -213,6 +226,7 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
     with open(pred_path, "x") as f:
         json.dump(predictions, f, indent=1, ensure_ascii=False)
     scores = score_file(t.dataset, pred_path, refs, out_dir / "scores.json")
+    write_scored_predictions(predictions, refs, scores["metric"], out_dir / "predictions_scored.jsonl")
     metrics: dict[str, Any] = {"scrolls_task": t.dataset, "scrolls_metric": scores["metric"],
                                "num_examples": len(examples)}
     metrics.update({k.replace("/", "_"): v for k, v in scores.items()

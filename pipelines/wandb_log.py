@@ -1,0 +1,148 @@
+"""What a run shows in W&B beyond Lightning's metric history: the full resolved config, each
+task's tidy results as ``wandb.Table``s and its figures, and one W&B run across resumes.
+
+Everything here reads what the tasks already wrote into the run directory (grid.csv,
+perplexity.csv, passkey.csv, predictions_scored.jsonl, heatmap.png, passkey.png), so any entry
+point that writes those files (train, evaluate, context extension) can call ``log_results``.
+W&B stays offline unless ``logger=wandb_online``; wandb itself is imported only when a W&B
+logger exists.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipelines.utils import instantiate_group
+
+Row = dict[str, Any]
+
+# W&B writes one folder per process: wandb/offline-run-<date>_<time>-<id> (run-... online)
+RUN_FOLDER = re.compile(r"(?:offline-)?run-\d{8}_\d{6}-(?P<id>[a-z0-9]+)")
+FIGURES = {"heatmap.png": "eval/heatmap", "passkey.png": "eval/passkey_plot"}  # run-dir figures
+
+
+def _number(text: str) -> Any:
+    """A CSV cell as int or float where it is one, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_csv_rows(path: Path) -> list[Row]:
+    with open(path, newline="") as f:
+        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def read_jsonl_rows(path: Path) -> list[Row]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _grid(rows: list[Row], cfg: DictConfig) -> list[Row]:
+    """Addition grid cells with their accuracy in %."""
+    return [{**r, "accuracy": 100.0 * r["correct"] / r["n"]} for r in rows]
+
+
+def _perplexity(rows: list[Row], cfg: DictConfig) -> list[Row]:
+    """Perplexity rows with their corpus (pretraining names it in task.corpus, not per row)."""
+    corpus = OmegaConf.select(cfg, "task.corpus")
+    return [r if "corpus" in r or corpus is None else {"corpus": corpus, **r} for r in rows]
+
+
+def _predictions(rows: list[Row], cfg: DictConfig) -> list[Row]:
+    """SCROLLS predictions, one line per reference."""
+    return [{**r, "references": "\n".join(r["references"])} for r in rows]
+
+
+# run-dir file -> (W&B key, reader, row preparation)
+TABLES: dict[str, tuple[str, Callable[[Path], list[Row]], Callable[[list[Row], DictConfig], list[Row]]]] = {
+    "grid.csv": ("eval/grid", read_csv_rows, _grid),
+    "perplexity.csv": ("eval/perplexity", read_csv_rows, _perplexity),
+    "passkey.csv": ("eval/passkey", read_csv_rows, lambda rows, cfg: rows),
+    "predictions_scored.jsonl": ("eval/predictions", read_jsonl_rows, _predictions),
+}
+
+
+def wandb_loggers(loggers: Sequence[Any]) -> list[Any]:
+    from lightning.pytorch.loggers import WandbLogger
+
+    return [lg for lg in loggers if isinstance(lg, WandbLogger)]
+
+
+# ---------------------------------------------------------------------------- one run across resumes
+def run_id(run_dir: Path) -> str | None:
+    """The W&B run id that ``run_dir`` logged to (its newest wandb/*run-<time>-<id> folder)."""
+    folders = sorted(p.name for p in (run_dir / "wandb").glob("*run-*") if RUN_FOLDER.fullmatch(p.name))
+    if not folders:
+        return None
+    return RUN_FOLDER.fullmatch(max(folders, key=lambda n: n.removeprefix("offline-")))["id"]
+
+
+def resumed_run_id(ckpt: Path | None) -> str | None:
+    """The W&B id of the run that wrote ``ckpt`` (<run>/checkpoints/x.ckpt), if it logged to W&B."""
+    if ckpt is None:
+        return None
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return run_id(run_dir)
+
+
+def open_loggers(cfg: DictConfig, ckpt: Path | None = None) -> list[Any]:
+    """The ``logger`` group, instantiated. A resumed run (``ckpt``) continues the W&B run of the
+    run it resumes (same id, ``resume="allow"``); the W&B run gets the full resolved config."""
+    group = cfg.get("logger")
+    resume = resumed_run_id(ckpt)
+    if group and group.get("wandb") and resume:
+        values = OmegaConf.to_container(group, resolve=True)  # a copy: cfg stays as saved
+        values["wandb"].update(id=resume, resume="allow")
+        group = OmegaConf.create(values)
+    loggers = instantiate_group(group)
+    log_config(loggers, cfg)
+    return loggers
+
+
+def log_config(loggers: Sequence[Any], cfg: DictConfig) -> None:
+    """The whole resolved config into each W&B run's config (not only the module's hparams).
+    Lightning later adds the module's hyperparameters; its ``model`` (the ModelConfig built from
+    the model and pe groups) then replaces the ``model`` group."""
+    values = OmegaConf.to_container(cfg, resolve=True)
+    for lg in wandb_loggers(loggers):
+        lg.log_hyperparams(values)  # rank zero only; config.update(allow_val_change=True)
+
+
+# ---------------------------------------------------------------------------- results
+def result_tables(run_dir: Path, cfg: DictConfig) -> dict[str, list[Row]]:
+    """{W&B key: rows} for every tidy result file the task wrote into ``run_dir``."""
+    out = {}
+    for name, (key, read, prepare) in TABLES.items():
+        if (run_dir / name).is_file():
+            out[key] = prepare(read(run_dir / name), cfg)
+    return out
+
+
+def log_results(loggers: Sequence[Any], run_dir: Path, cfg: DictConfig, step: int | None = None) -> None:
+    """Each task result file in ``run_dir`` as a ``wandb.Table`` and each figure as an image."""
+    runs = wandb_loggers(loggers)
+    if not runs:
+        return
+    import wandb
+
+    data: dict[str, Any] = {}
+    for key, rows in result_tables(run_dir, cfg).items():
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        data[key] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])
+    for name, key in FIGURES.items():
+        if (run_dir / name).is_file():
+            data[key] = wandb.Image(str(run_dir / name))
+    if step is not None:
+        data["trainer/global_step"] = step
+    for lg in runs:
+        lg.experiment.log(data)
