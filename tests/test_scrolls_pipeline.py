@@ -15,6 +15,7 @@ from pipelines.tasks import scrolls as scrolls_task
 from pipelines.train import train
 from pipelines.utils import PipelineConfigError
 from tape.model.generate import TopKTopPSampler
+from wandb_records import offline_runs
 
 FIXTURE = Path(__file__).parent / "fixtures" / "scrolls"
 VOCAB = INVENTED_VOCAB
@@ -48,7 +49,8 @@ def scrolls_cfg(make_cfg, *overrides: str, name: str = "ft", runs_dir: Path | No
 
 @pytest.mark.parametrize(("dataset", "metric"), [("qasper", "f1"), ("gov_report", "rouge_geometric_mean")])
 def test_finetune_generate_and_score(dataset, metric, make_cfg, pretrained) -> None:
-    cfg = scrolls_cfg(make_cfg, f"task.dataset={dataset}", f"task.pretrained_run={pretrained}")
+    cfg = scrolls_cfg(make_cfg, f"task.dataset={dataset}", f"task.pretrained_run={pretrained}",
+                      "logger=wandb")
     metrics = train(cfg)
     run = Path(cfg.paths.output_dir)
     assert metrics["scrolls_task"] == dataset and metrics["steps"] == 4
@@ -58,6 +60,19 @@ def test_finetune_generate_and_score(dataset, metric, make_cfg, pretrained) -> N
     assert list(preds) == list(dict.fromkeys(ids))[:2] and all(isinstance(v, str) for v in preds.values())
     scores = json.loads((run / "scores.json").read_text())
     assert scores["task"] == dataset and scores["num_predicted"] == len(preds)
+    # Per example: prediction, references and score, in W&B as a table too.
+    scored = [json.loads(line) for line in (run / "predictions_scored.jsonl").read_text().splitlines()]
+    refs = {}
+    for line in (FIXTURE / dataset / "validation.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        refs.setdefault(row["id"], []).append(row["output"])
+    assert [r["id"] for r in scored] == list(preds) and [r["prediction"] for r in scored] == list(preds.values())
+    assert all(r["references"] == refs[r["id"]] and 0.0 <= r["score"] <= 100.0 for r in scored)
+    if metric == "f1":  # the task's score is the mean of the examples' scores
+        assert sum(r["score"] for r in scored) / len(scored) == pytest.approx(scores["f1"], abs=1e-4)
+    (logged,) = offline_runs(run)
+    table = logged.table("eval/predictions")
+    assert table["data"] == [[r["id"], r["prediction"], "\n".join(r["references"]), r["score"]] for r in scored]
     saved = OmegaConf.load(run / "config.yaml")
     assert saved.task.pretrained_run == str(pretrained) and saved.model.max_seq_len == 128
     assert saved.model.d_model == OmegaConf.load(pretrained / "config.yaml").model.d_model

@@ -5,6 +5,8 @@ a resume, and an exit record for a run that failed."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,25 @@ def test_every_entry_point_of_a_reproduction_logs_to_its_group(monkeypatch: pyte
         assert cfg.logger.wandb.group == "reproduce-20261123-000000", experiment
         tags = OmegaConf.to_container(cfg.logger.wandb.tags, resolve=True)
         assert tags[0].startswith(f"experiment:{experiment}"), tags
+
+
+class Terminate(Callback):
+    """Sends this process SIGTERM at a step, as a scheduler or `kill` would."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.at_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_terminated_run_leaves_an_exit_record(make_cfg) -> None:
+    import wandb
+
+    cfg = make_cfg("pe=nope", "logger=wandb", "trainer.max_steps=6", "trainer.val_check_interval=2")
+    with pytest.raises(SystemExit):  # Lightning turns SIGTERM into SIGTERMException at the next step
+        train(cfg, extra_callbacks=[Terminate(at_step=3)])
+    (run,) = offline_runs(Path(cfg.paths.output_dir))
+    assert run.exit_code == 1 and wandb.run is None
+    assert not (Path(cfg.paths.output_dir) / "metrics.json").exists()
