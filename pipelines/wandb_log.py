@@ -59,7 +59,7 @@ def _perplexity(rows: list[Row], cfg: DictConfig) -> list[Row]:
 
 
 def _predictions(rows: list[Row], cfg: DictConfig) -> list[Row]:
-    """SCROLLS predictions, one line per reference."""
+    """SCROLLS predictions with their references joined one per line (a table cell is text)."""
     return [{**r, "references": "\n".join(r["references"])} for r in rows]
 
 
@@ -81,7 +81,7 @@ def wandb_loggers(loggers: Sequence[Any]) -> list[Any]:
 # ---------------------------------------------------------------------------- one run across resumes
 def run_id(run_dir: Path) -> str | None:
     """The W&B run id that ``run_dir`` logged to (its newest wandb/*run-<time>-<id> folder)."""
-    folders = sorted(p.name for p in (run_dir / "wandb").glob("*run-*") if RUN_FOLDER.fullmatch(p.name))
+    folders = [p.name for p in (run_dir / "wandb").glob("*run-*") if RUN_FOLDER.fullmatch(p.name)]
     if not folders:
         return None
     return RUN_FOLDER.fullmatch(max(folders, key=lambda n: n.removeprefix("offline-")))["id"]

@@ -95,3 +95,15 @@ def test_generate_names_the_vocabulary_for_an_out_of_range_id() -> None:
     for bad in (VOCAB_SIZE, 99, -1):
         with pytest.raises(ValueError, match=rf"token id {bad}.*\[0, 18\) \(vocab_size=18\)"):
             model.generate(torch.tensor([[1, bad, 2]]), max_new_tokens=2)  # was a bare IndexError
+
+
+def test_generate_checks_a_hugging_face_models_vocabulary_too() -> None:
+    transformers = pytest.importorskip("transformers")
+    from tape.model.generate import greedy_generate
+
+    cfg = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    assert greedy_generate(model, torch.tensor([[1, 39]]), 2).shape == (1, 4)
+    with pytest.raises(ValueError, match=r"token id 40.*\(vocab_size=40\)"):
+        greedy_generate(model, torch.tensor([[1, 40]]), 2)

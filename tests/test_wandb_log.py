@@ -10,24 +10,14 @@ import signal
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 from lightning.pytorch.callbacks import Callback
+from omegaconf import OmegaConf
 
 from conftest import compose_config
 from pipelines import wandb_log
 from pipelines.train import train
+from test_pipeline_train import Kill  # raises at a step, after the previous checkpoint
 from wandb_records import offline_runs
-
-
-class Kill(Callback):
-    """Raises at the start of a step, after the previous step's checkpoint (a crashed run)."""
-
-    def __init__(self, at_step: int) -> None:
-        self.at_step = at_step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.at_step:
-            raise RuntimeError("simulated crash")
 
 
 def test_wandb_run_holds_the_full_config_the_grid_table_and_the_heatmap(make_cfg) -> None:

@@ -48,8 +48,10 @@ def vocab_size(model: nn.Module) -> int | None:
     cfg_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
     if cfg_size is not None:
         return int(cfg_size)
-    get = getattr(model, "get_input_embeddings", None)
-    embed = get() if callable(get) else None
+    try:
+        embed = model.get_input_embeddings()  # Hugging Face models (and PEFT wrappers)
+    except (AttributeError, NotImplementedError):
+        return None
     return int(embed.num_embeddings) if isinstance(embed, nn.Embedding) else None
 
 
