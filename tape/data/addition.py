@@ -62,10 +62,9 @@ class AdditionExample:
         for name in ("a", "b"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(
-                    f"AdditionExample({name}={value!r}): operands must be non-negative integers, "
-                    f"got {type(value).__name__}; pass int({value!r}) if that is what you mean"
-                )
+                hint = f"; for digits in a string pass int({value!r})" if isinstance(value, str) else ""
+                raise TypeError(f"AdditionExample({name}={value!r}): operands must be non-negative "
+                                f"integers, got {type(value).__name__}{hint}")
             if value < 0:
                 raise ValueError(
                     f"AdditionExample({name}={value}): operands must be non-negative integers "
