@@ -33,19 +33,23 @@ def run_eval(run: Path, *overrides: str, name: str = "e") -> dict:
     return evaluate(cfg)
 
 
-@pytest.fixture(scope="module")
-def pretrained(invented_text_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny TAPE pretraining run (books BPE of the invented corpus) with a CSV logger."""
-    runs = tmp_path_factory.mktemp("eval") / "runs"
-    cfg = compose_config("config", [
-        "experiment=pretrain/smoke", "pe=tape", "logger=csv", f"task.data_dir={invented_text_data}",
-        f"task.vocab_size={INVENTED_VOCAB}", "task.heldout_percent=20",
-        "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false"])
+def finished_run(runs: Path, *overrides: str) -> Path:
+    """Train a smoke preset with a CSV logger into runs/<experiment>/<pe>/0/run."""
+    cfg = compose_config("config", [*overrides, "logger=csv", "callbacks.rich_progress_bar=null",
+                                    "+trainer.enable_progress_bar=false"])
     with open_dict(cfg):
         cfg.paths.runs_dir = str(runs)
-        cfg.paths.output_dir = str(runs / "pretrain/smoke/tape/0/run")
+        cfg.paths.output_dir = str(runs / cfg.experiment_name / cfg.pe.name / "0" / "run")
     train(cfg)
     return Path(cfg.paths.output_dir)
+
+
+@pytest.fixture(scope="module")
+def pretrained(invented_text_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny TAPE pretraining run (books BPE of the invented corpus)."""
+    return finished_run(tmp_path_factory.mktemp("eval") / "runs", "experiment=pretrain/smoke", "pe=tape",
+                        f"task.data_dir={invented_text_data}", f"task.vocab_size={INVENTED_VOCAB}",
+                        "task.heldout_percent=20")
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +94,7 @@ def test_run_dir_problem_names_the_key() -> None:
 @pytest.fixture(scope="module")
 def randpe_addition(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished addition smoke run with RandPE: positions trained in [0, 32)."""
-    runs = tmp_path_factory.mktemp("add") / "runs"
-    cfg = compose_config("config", ["experiment=addition/smoke", "pe=randpe", "logger=csv",
-                                    "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false"])
-    with open_dict(cfg):
-        cfg.paths.runs_dir = str(runs)
-        cfg.paths.output_dir = str(runs / "addition/smoke/randpe/0/run")
-    train(cfg)
-    return Path(cfg.paths.output_dir)
+    return finished_run(tmp_path_factory.mktemp("add") / "runs", "experiment=addition/smoke", "pe=randpe")
 
 
 def test_randpe_range_check_applies_to_reevaluation(randpe_addition: Path) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 from torch import nn
 
-from pipelines.utils import PipelineConfigError, check_model_positions
+from pipelines.utils import PipelineConfigError, check_model_positions, evaluation_only
 from tape.data.passkey import MAX_KEY, garbage_for_tokens, passkey_accuracy, passkey_prompt
 from tape.data.tokenizer import TextTokenizer, load_tokenizer
 
@@ -29,14 +29,11 @@ FIELDS = ["target_tokens", "filler_chars", "n_garbage", "max_tokens", "mean_toke
 
 def validate(cfg: DictConfig) -> None:
     """Refused in pipelines.train: passkey is evaluated on a finished run."""
-    raise PipelineConfigError(
-        "task=passkey is an evaluation task: train with another task, then run "
-        "python -m pipelines.evaluate run_dir=<run dir> task=passkey"
-    )
+    evaluation_only("passkey")
 
 
 def datamodule(cfg: DictConfig) -> Any:
-    validate(cfg)
+    evaluation_only("passkey")
 
 
 def adopt(task_cfg: DictConfig, source: Any, out_dir: Path) -> None:

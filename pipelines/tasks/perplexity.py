@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 from torch import nn
 
-from pipelines.utils import PipelineConfigError, check_model_positions
+from pipelines.utils import PipelineConfigError, check_model_positions, evaluation_only
 from tape.metrics.perplexity import load_token_file, sliding_window_perplexity
 
 FIELDS = ["corpus", "length", "perplexity", "nll", "windows", "scored_tokens"]
@@ -25,14 +25,11 @@ FIELDS = ["corpus", "length", "perplexity", "nll", "windows", "scored_tokens"]
 
 def validate(cfg: DictConfig) -> None:
     """Refused in pipelines.train: perplexity is evaluated on a finished run."""
-    raise PipelineConfigError(
-        "task=perplexity is an evaluation task: train with another task, then run "
-        "python -m pipelines.evaluate run_dir=<run dir> task=perplexity"
-    )
+    evaluation_only("perplexity")
 
 
 def datamodule(cfg: DictConfig) -> Any:
-    validate(cfg)
+    evaluation_only("perplexity")
 
 
 def adopt(task_cfg: DictConfig, source: Any, out_dir: Path) -> None:
