@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +73,16 @@ class RunSource:
     def task_name(self) -> str | None:
         return str(self.run_cfg.task.name) if self.run_cfg is not None else None
 
+    @cached_property
+    def _checkpoint(self) -> dict[str, Any]:
+        """The Lightning checkpoint, read once (on the CPU)."""
+        return torch.load(self.ckpt, map_location="cpu", weights_only=False)
+
     def model_config(self) -> ModelConfig | None:
         """The DecoderLM's config (None for Hugging Face models), read from the checkpoint."""
         if self.ckpt is None:
             return None
-        hp = torch.load(self.ckpt, map_location="cpu", weights_only=False)["hyper_parameters"]
-        return ModelConfig.from_dict(hp["model"])
+        return ModelConfig.from_dict(self._checkpoint["hyper_parameters"]["model"])
 
     def labels(self) -> dict[str, Any]:
         """Who was evaluated, for metrics.json."""
@@ -100,7 +105,8 @@ class RunSource:
         if self.ckpt is not None:
             from tape.lightning import CausalLMModule
 
-            state = torch.load(self.ckpt, map_location="cpu", weights_only=False)
+            state = self._checkpoint
+            del self.__dict__["_checkpoint"]  # the weights live in the model from here on
             module = CausalLMModule(**state["hyper_parameters"])
             module.load_state_dict(state["state_dict"])
             return module.model.to(device).eval(), {"steps": int(state["global_step"])}
