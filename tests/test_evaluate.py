@@ -197,10 +197,14 @@ def test_a_context_extension_run_evaluates_the_chosen_stage(tmp_path: Path, toke
     run = tmp_path / "runs/context_extension/smoke/llama/0/run"
     run.mkdir(parents=True)
     model_dir = tiny_llama_dir(tmp_path / "models" / "tape-abc", tape=True)
-    cfg = compose_config("extend", ["experiment=context_extension/smoke", "logger=csv"])
-    with open_dict(cfg):
-        cfg.paths.output_dir = str(run)
-    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    # the fields of a context-extension run's config.yaml that pipelines.evaluate reads
+    cfg = {"experiment_name": "context_extension/smoke", "scale": "smoke", "seed": 0,
+           "task": {"name": "context_extension"}, "pe": {"name": "llama"},
+           "model": {"context": 128, "pretrained_path": None}, "extend": {"context": 256},
+           "data": {"source": "books", "data_dir": "unused", "vocab_size": INVENTED_VOCAB, "eval_files": {}},
+           "logger": {"csv": {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(run),
+                              "name": "csv", "version": ""}}}
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
     (run / "metrics.json").write_text(json.dumps({"base_model": str(tmp_path / "models/base"),
                                                   "tape_model": str(model_dir)}))
     with pytest.raises(PipelineConfigError, match=r"stage=None.*base.*tape"):
@@ -210,6 +214,7 @@ def test_a_context_extension_run_evaluates_the_chosen_stage(tmp_path: Path, toke
     assert metrics["stage"] == "tape" and metrics["model_dir"] == str(model_dir)
     assert set(k for k in metrics if k.startswith("passkey_") and k[8:].isdigit()) == {"passkey_256", "passkey_512"}
     assert (run / "eval" / "b" / "csv" / "metrics.csv").is_file()  # the run's CSV logger, in the eval dir
+    assert not (run / "csv").exists()  # never into the run's own files
 
 
 def test_paper_passkey_sizes_are_in_the_task_config() -> None:
