@@ -193,6 +193,18 @@ def test_passkey_and_perplexity_on_a_llama_directory(tape: bool, tmp_path: Path,
     assert json.loads((model_dir / "eval" / "ppl" / "metrics.json").read_text())["model_dir"] == str(model_dir)
 
 
+def test_a_missing_tokenizer_or_corpus_is_named(tmp_path: Path) -> None:
+    model_dir = tiny_llama_dir(tmp_path / "model")  # no tokenizer files, no held-out text
+    with pytest.raises(PipelineConfigError, match="task.tokenizer is not set"):
+        run_eval(model_dir, "task=passkey", name="a")
+    with pytest.raises(PipelineConfigError, match="task.tokenizer=/no/tokenizer"):
+        run_eval(model_dir, "task=passkey", "task.tokenizer=/no/tokenizer", "task.lengths=[256]", name="b")
+    with pytest.raises(PipelineConfigError, match="task.corpora"):
+        run_eval(model_dir, "task=perplexity", name="c")
+    with pytest.raises(PipelineConfigError, match="task=passkey or task=perplexity"):
+        run_eval(model_dir, name="d")  # a bare model has no evaluation of its own
+
+
 def test_a_context_extension_run_evaluates_the_chosen_stage(tmp_path: Path, tokenizer_json: Path) -> None:
     run = tmp_path / "runs/context_extension/smoke/llama/0/run"
     run.mkdir(parents=True)

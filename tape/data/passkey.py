@@ -91,7 +91,7 @@ def passkey_trial(
     ``encode`` maps text to token ids (without special tokens); ``bos_id``, when given, starts
     the prompt (the official prompts start with BOS); ``answer_prefix`` is what joins the
     question and the key (a space for our BPE; "" for Llama's tokenizer, whose encoding of the
-    bare key starts with its word marker). Returns (correct, prompt tokens, BOS included)."""
+    bare key starts with its word marker). Returns (correct, prompt length in tokens with BOS)."""
     device = device or next(model.parameters()).device
     ids = torch.tensor([([bos_id] if bos_id is not None else []) + list(encode(prompt.text))], device=device)
     answer = list(encode(answer_prefix + str(prompt.key)))
