@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tape.model import DecoderLM, ModelConfig
 
@@ -40,6 +42,18 @@ def test_checkpointing_gives_the_same_loss_and_gradients(pe: str, dtype: torch.d
     assert grads0.keys() == grads1.keys() and len(grads0) > 0
     for name in grads0:
         assert torch.allclose(grads0[name], grads1[name], atol=tol, rtol=1e-5), name
+
+
+@settings(max_examples=6, deadline=None)
+@given(batch=st.integers(1, 3), seq=st.integers(2, 20), layers=st.integers(1, 3), kv=st.sampled_from([1, 2, 4]),
+       pe=st.sampled_from(["tape", "rope", "fire"]))
+def test_checkpointing_property_over_shapes(batch: int, seq: int, layers: int, kv: int, pe: str) -> None:
+    base = ModelConfig(vocab_size=30, n_layers=layers, d_model=32, n_heads=4, n_kv_heads=kv, max_seq_len=20, pe=pe)
+    ids = torch.randint(0, 30, (batch, seq), generator=torch.Generator().manual_seed(seq))
+    loss0, grads0, _ = _loss_and_grads(base, ids, torch.float64)
+    loss1, grads1, calls = _loss_and_grads(base.replace(gradient_checkpointing=True), ids, torch.float64)
+    assert calls == 2 * layers and torch.allclose(loss0, loss1, atol=1e-12, rtol=0)
+    assert all(torch.allclose(grads0[n], grads1[n], atol=1e-12, rtol=1e-9) for n in grads0)
 
 
 def test_checkpointing_is_off_in_eval_and_under_no_grad() -> None:
