@@ -1,13 +1,21 @@
-"""Re-evaluate a finished (or killed) run: ``python -m pipelines.evaluate run_dir=runs/...``.
+"""Evaluate a finished (or killed) run: ``python -m pipelines.evaluate run_dir=runs/...``.
 
-Loads the run's config.yaml and a checkpoint (``ckpt=last``, ``best`` or a path), optionally
-changes evaluation settings (``task.examples_per_cell=100``), and writes a new directory
-<run_dir>/eval/<time>-<id>/ with config.yaml, command.txt, metrics.json and the task's
-artifacts. The run's own files are never touched.
+Without ``task=`` it re-runs the run's own evaluation from a checkpoint (``ckpt=last``, ``best``
+or a path), optionally with other evaluation settings (``task.examples_per_cell=100``). With
+``task=passkey`` or ``task=perplexity`` it runs that evaluation on the run's model instead, its
+null settings taken from the run (tokenizer, held-out text, context). ``run_dir`` may be a
+pretraining / addition / SCROLLS run, a context-extension run (``stage=tape`` picks the model)
+or any Hugging Face model directory (a Llama, a TAPE Llama). See pipelines/run_source.py.
+
+Results go to a new directory <run_dir>/eval/<time>-<id>/ (config.yaml, command.txt,
+metrics.json, the task's artifacts, the loggers' files); the run's own files are never touched.
+The metrics are printed and logged to the run's loggers (CSV, W&B offline as the run had them;
+``logger=csv`` etc. to choose). The model runs on the GPU when there is one (``device=auto``).
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from pathlib import Path
@@ -17,62 +25,122 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pipelines.run_source import RunSource, open_run
 from pipelines.tasks import get_task
 from pipelines.utils import (
-    PipelineConfigError, claim_run_dir, task_wrapper, unknown_choice, write_json_once,
+    CONF_DIR, PipelineConfigError, check_position_range, claim_run_dir, instantiate_group,
+    task_wrapper, unknown_choice, write_json_once,
 )
-from tape.lightning import CausalLMModule
+
+# The keys of conf/evaluate.yaml's own ``task:`` block: changes to the run's own task settings.
+RERUN_KEYS = ("eval_max_digits", "examples_per_cell", "eval_seed", "eval_batch_size")
 
 
-def find_checkpoint(run_dir: Path, which: str) -> Path:
-    """``last`` / ``best`` (the best-*.ckpt ModelCheckpoint kept) / a path to a .ckpt file."""
-    ckpt_dir = run_dir / "checkpoints"
-    if which == "last":
-        found = [ckpt_dir / "last.ckpt"]
-    elif which == "best":
-        found = sorted(ckpt_dir.glob("best-*.ckpt"))
-    else:
-        found = [Path(which)]
-    found = [p for p in found if p.is_file()]
-    if not found:
+def resolve_device(device: str) -> str:
+    """``auto``: cuda when a GPU is visible, else cpu; ``cuda`` without a GPU is an error."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PipelineConfigError(f"device={device} but no GPU is visible; pass device=auto or device=cpu")
+    return device
+
+
+def run_dir_problem(argv: list[str]) -> str | None:
+    """One clear line when ``run_dir=`` is missing or names no directory (checked before Hydra,
+    which would print a long traceback and create <run_dir>/eval/... on the way)."""
+    values = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+") == "run_dir" and "=" in a]
+    if not values:
+        return ("pipelines.evaluate needs run_dir=<the directory pipelines.train printed as "
+                "'run dir: ...', or a Hugging Face model directory>, e.g. "
+                "python -m pipelines.evaluate run_dir=runs/addition/cpu/tape/0/<time>-<id>")
+    for value in values[-1].split(","):
+        path = Path(value)
+        if not ((path / "config.yaml").is_file() or (path / "config.json").is_file()):
+            return (f"run_dir={value}: no run there (neither config.yaml nor config.json); pass the "
+                    "directory that pipelines.train printed as 'run dir: ...'")
+    return None
+
+
+def task_config(cfg: DictConfig, source: RunSource, out_dir: Path) -> DictConfig:
+    """The evaluation's task settings: the run's own task with changes, or the chosen task=."""
+    chosen = OmegaConf.to_container(cfg.task, resolve=True)
+    if chosen.get("name") is None:  # no task=: the run's own evaluation again
+        if source.run_cfg is None or source.ckpt is None:
+            raise PipelineConfigError(
+                f"run_dir={source.run_dir} is a Hugging Face model; choose its evaluation with "
+                "task=passkey or task=perplexity"
+            )
+        changes = {k: v for k, v in chosen.items() if v is not None}
+        return OmegaConf.merge(source.run_cfg.task, changes)
+    task_cfg = OmegaConf.create({k: v for k, v in chosen.items()
+                                 if not (k in RERUN_KEYS and v is None)})
+    task = get_task(task_cfg.name)
+    if not hasattr(task, "adopt"):
         raise PipelineConfigError(
-            f"ckpt={which}: no such checkpoint in {ckpt_dir}; pass ckpt=last, ckpt=best or a "
-            ".ckpt path (was the run trained with callbacks=default?)"
+            f"task={task_cfg.name} cannot evaluate another run's model; pass task=passkey or "
+            "task=perplexity, or no task= to re-run the run's own evaluation"
         )
-    return found[-1]
+    task.adopt(task_cfg, source, out_dir)
+    return task_cfg
+
+
+def make_loggers(cfg: DictConfig, source: RunSource, out_dir: Path) -> list[Any]:
+    """The chosen ``logger=`` group, else the run's own loggers, writing under ``out_dir`` (never
+    into the run's files); a CSV logger when neither exists."""
+    group = cfg.get("logger")
+    if group is None and source.run_cfg is not None and "logger" in source.run_cfg:
+        group = source.run_cfg.logger
+    if group is None:
+        group = OmegaConf.load(CONF_DIR / "logger" / "csv.yaml")
+    group = copy.deepcopy(OmegaConf.to_container(group, resolve=False) or {})
+    for node in group.values():
+        if node and "save_dir" in node:
+            node["save_dir"] = str(out_dir)
+        if node and "job_type" in node:
+            node["job_type"] = "eval"
+    return instantiate_group(OmegaConf.create(group))
+
+
+def print_metrics(metrics: dict[str, Any]) -> None:
+    """The numbers, one per line, on stdout."""
+    width = max(len(k) for k in metrics)
+    lines = [f"  {k:<{width}}  {v:.6g}" if isinstance(v, float) else f"  {k:<{width}}  {v}"
+             for k, v in metrics.items()]
+    print("metrics:\n" + "\n".join(lines), flush=True)
 
 
 @task_wrapper
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
-    """Rebuild the run's model from a checkpoint and run its task's evaluation again."""
+    """Load the run's model, run the evaluation, write and log the metrics; return them."""
     t0 = time.perf_counter()
-    run_dir = Path(cfg.run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise PipelineConfigError(
-            f"run_dir={cfg.run_dir}: {run_dir / 'config.yaml'} not found; pass the directory "
-            "that pipelines.train printed as 'run dir: ...'"
-        )
-    run_cfg = OmegaConf.load(run_dir / "config.yaml")
-    changes = {k: v for k, v in OmegaConf.to_container(cfg.task).items() if v is not None}
-    task_cfg = OmegaConf.merge(run_cfg.task, changes)
-    task = get_task(task_cfg.name)
-    ckpt = find_checkpoint(run_dir, str(cfg.ckpt))
-
+    if (problem := run_dir_problem([f"run_dir={cfg.run_dir}"])) is not None:
+        raise PipelineConfigError(problem)
+    source = open_run(Path(cfg.run_dir), str(cfg.ckpt), cfg.get("stage"))
     out_dir = Path(cfg.paths.output_dir)
-    claim_run_dir(out_dir, OmegaConf.create({"run_dir": str(run_dir), "checkpoint": str(ckpt),
+    out_dir.mkdir(parents=True, exist_ok=True)
+    task_cfg = task_config(cfg, source, out_dir)
+    task = get_task(task_cfg.name)
+    mc = source.model_config()
+    if mc is not None and hasattr(task, "positions_needed"):
+        if (need := task.positions_needed(task_cfg)) is not None:
+            check_position_range(mc, *need)  # e.g. RandPE asked beyond its trained range
+    device = resolve_device(str(cfg.device))
+    claim_run_dir(out_dir, OmegaConf.create({"run_dir": str(source.run_dir), "stage": source.stage,
+                                             "checkpoint": str(source.ckpt), "device": device,
                                              "task": task_cfg}), "pipelines.evaluate")
-    state = torch.load(ckpt, map_location=cfg.device, weights_only=False)
-    module = CausalLMModule(**state["hyper_parameters"])
-    module.load_state_dict(state["state_dict"])
-    title = f"{run_cfg.pe.name} seed {run_cfg.seed} ({ckpt.name})"
-    metrics: dict[str, Any] = {
-        "task": task_cfg.name, "pe": run_cfg.pe.name, "scale": run_cfg.scale,
-        "seed": run_cfg.seed, "experiment": run_cfg.experiment_name, "run_dir": str(run_dir),
-        "checkpoint": str(ckpt), "steps": int(state["global_step"]),
-    }
-    metrics.update(task.evaluate(module.model, task_cfg, out_dir, title))
+    model, facts = source.load_model(device, str(cfg.dtype))
+    labels = source.labels()
+    title = f"{labels.get('pe', 'model')} seed {labels.get('seed', '-')}" + (
+        f" ({source.ckpt.name})" if source.ckpt else "")
+    metrics: dict[str, Any] = {"task": task_cfg.name, **labels, **facts, "device": device}
+    metrics.update(task.evaluate(model, task_cfg, out_dir, title))
     metrics["wall_time_s"] = time.perf_counter() - t0
     write_json_once(out_dir / "metrics.json", metrics)
+    for lg in make_loggers(cfg, source, out_dir):
+        lg.log_metrics({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, float)},
+                       step=int(facts.get("steps", 0)))
+        lg.finalize("success")
+    print_metrics(metrics)
     return metrics
 
 
@@ -82,6 +150,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    if message := unknown_choice(sys.argv[1:]):
+    if message := unknown_choice(sys.argv[1:]) or run_dir_problem(sys.argv[1:]):
         sys.exit(message)
     main()

@@ -173,6 +173,22 @@ def check_position_range(mc: ModelConfig, eval_len: int, eval_key: str) -> None:
             )
 
 
+def check_model_positions(model: Any, eval_len: int, eval_key: str) -> None:
+    """:func:`check_position_range` for a built model: our DecoderLM carries its config
+    (``model.cfg``); other models (Hugging Face) have no trained position range to check."""
+    mc = getattr(model, "cfg", None)
+    if isinstance(mc, ModelConfig):
+        check_position_range(mc, eval_len, eval_key)
+
+
+def evaluation_only(task: str) -> None:
+    """What pipelines.train says to an evaluation task (passkey, perplexity)."""
+    raise PipelineConfigError(
+        f"task={task} is an evaluation task: train with another task, then run "
+        f"python -m pipelines.evaluate run_dir=<run dir> task={task}"
+    )
+
+
 def check_trainer(cfg: DictConfig) -> None:
     """The last step must be validated (so last.ckpt and metrics hold the final model), and
     checkpoints must fall on optimizer steps (so a resumed run replays exactly)."""

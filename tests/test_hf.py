@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("transformers")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from tape.hf import TapeLlamaForCausalLM, add_tape  # noqa: E402
 from tape.hf.recipes import apply_recipe, trainable_parameters  # noqa: E402
@@ -73,6 +73,63 @@ def test_save_and_reload_round_trip(tmp_path):
     assert reloaded.config.tape["post_attn"] == "rowsum" and reloaded.config.tape["position_size"] == 8
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reloaded(ids).logits)
+
+
+@pytest.mark.parametrize("case", ROPES)
+def test_from_pretrained_on_a_plain_llama_dir_equals_the_llama(case, tmp_path):
+    kv, rope = ROPES[case]
+    plain = tiny_llama(kv, rope)
+    plain.save_pretrained(tmp_path)
+    ids = torch.randint(0, 50, (2, 24))
+    model, info = TapeLlamaForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert any(".pe." in k for k in info["missing_keys"])  # TAPE's maps were not in the checkpoint
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, plain(ids).logits)
+        for layer in model.model.layers[:-1]:
+            assert not layer.pe.post_attn.weight.any() and not layer.pe.w1.weight.any()
+            assert layer.pe.x_proj.weight.std() > 0.01  # the gate is drawn, as in add_tape
+    assert isinstance(TapeLlamaForCausalLM.from_pretrained(tmp_path), TapeLlamaForCausalLM)
+
+
+def test_saved_tape_model_loads_through_automodel(tmp_path):
+    model = add_tape(tiny_llama(2), post_attn="rowsum", position_size=8)
+    _randomize_tape(model)
+    model.save_pretrained(tmp_path / "tape")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "tape").eval()
+    assert type(reloaded) is TapeLlamaForCausalLM and reloaded.config.model_type == "tape_llama"
+    assert reloaded.config.tape["post_attn"] == "rowsum" and reloaded.config.tape["position_size"] == 8
+    ids = torch.randint(0, 50, (2, 20))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reloaded(ids).logits)
+    tiny_llama(2).save_pretrained(tmp_path / "plain")  # a plain Llama stays a plain Llama
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path / "plain")) is LlamaForCausalLM
+
+
+def test_tape_model_saved_with_the_llama_model_type_still_loads(tmp_path):
+    import json
+
+    model = add_tape(tiny_llama(2))
+    _randomize_tape(model)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_type"] = "llama"  # as models saved before TapeLlamaConfig existed
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reloaded = TapeLlamaForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 50, (2, 20))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, reloaded(ids).logits)
+
+
+def test_hf_generate_without_cache_works_and_with_cache_names_greedy_generate():
+    model = add_tape(tiny_llama(2))
+    _randomize_tape(model)
+    prompt = torch.randint(0, 50, (1, 6))
+    ours = greedy_generate(model, prompt, 5)
+    hf = model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=False)
+    assert hf.shape[1] > 6 and torch.equal(hf, ours[:, : hf.shape[1]])  # HF stops at EOS, if drawn
+    with pytest.raises(TypeError, match="greedy_generate"):
+        model.generate(prompt, max_new_tokens=5, do_sample=False)
 
 
 def test_tape_llama_cached_generation_matches_recomputation():

@@ -6,15 +6,40 @@ import numpy as np
 import pytest
 import torch
 
-from tape.data.passkey import FILLER, KEY_LINE, QUESTION, TASK, garbage_chars, passkey_accuracy, passkey_prompt
+from tape.data.passkey import (
+    FILLER, KEY_LINE, PAPER_FILLER_CHARS, QUESTION, TASK, draw_trial, garbage_chars, passkey_accuracy,
+    passkey_prompt, passkey_trial,
+)
 from tape.metrics.perplexity import load_token_file, sliding_window_perplexity, window_starts
 
 
 def test_window_starts_every_stride_full_windows_only():
     assert window_starts(1000, 256, 256) == [0, 256, 512]  # 768 + 256 > 1000: dropped
-    assert window_starts(1024, 256, 256) == [0, 256, 512, 768]
+    assert window_starts(1024, 256, 256) == [0, 256, 512]  # range(0, n - L, 256): 768 is not a start
     assert window_starts(100, 256) == []
     assert window_starts(10_000, 256, 256, max_windows=3) == [0, 4864, 9728]
+
+
+def _longlora_window_starts(n_tokens: int, seq_len: int) -> list[int]:
+    """The start loop of LongLoRA's eval_distributed.py (and TAPE's perplexity script), written
+    out: ``list(range(0, len(data) - seq_length, sliding_window))`` with sliding_window 256."""
+    starts, i = [], 0
+    while i < n_tokens - seq_len:
+        starts.append(i)
+        i += 256
+    return starts
+
+
+@pytest.mark.parametrize("seq_len", [256, 512])
+def test_window_count_equals_longlora_when_n_minus_l_is_a_multiple_of_256(tmp_path, seq_len):
+    path = tmp_path / "test.bin"
+    n = seq_len + 4 * 256  # (n - L) % 256 == 0: the case where the old count had one extra window
+    np.arange(n, dtype=np.uint16).tofile(path)
+    model = _Recorder(vocab=n)
+    result = sliding_window_perplexity(model, load_token_file(path), seq_len=seq_len, stride=256)
+    expected = _longlora_window_starts(n, seq_len)
+    assert result["windows"] == len(expected) == 4
+    assert [int(w[0]) for w in torch.cat(model.seen)] == expected
 
 
 class _Recorder(torch.nn.Module):
@@ -63,6 +88,59 @@ def test_passkey_prompt_deterministic_with_the_key_line_once():
 
 def test_garbage_lengths_follow_longlora():
     assert [garbage_chars(i) for i in (1, 2, 8)] == [3072, 7168, 29696]
+
+
+def test_paper_filler_sizes_are_eval_retrieval_test_points():
+    # floor(3.75 * i * 1000 / 1024) * 1024 characters, i = 1..8 (--max_tokens 8192 --interval 1000)
+    assert PAPER_FILLER_CHARS == (3072, 7168, 10240, 14336, 18432, 21504, 25600, 29696)
+
+
+# (offset, key) of trials 0..19 at 3072 filler characters, computed with the official procedure:
+# np.random.seed(i); offset = np.random.randint(0, 3072); key = np.random.randint(1, 50000).
+OFFICIAL_DRAWS_3072 = [
+    (2732, 43568), (1061, 33004), (2575, 6638), (1898, 1689), (1146, 8367), (2915, 18639),
+    (2954, 41188), (175, 49690), (451, 25941), (382, 20829), (1289, 40062), (1945, 36544),
+    (1867, 38556), (338, 47281), (2667, 13657), (2693, 49016), (2729, 48367), (2671, 34960),
+    (275, 25721), (1629, 10863),
+]
+
+
+def test_official_draws_match_eval_retrieval_for_trials_0_to_19():
+    state = np.random.get_state()
+    assert [draw_trial(3072, i, "official") for i in range(20)] == OFFICIAL_DRAWS_3072
+    assert draw_trial(3072, 0, "official") == (2732, 43568)  # the audit's trial 0
+    for n_garbage in (7168, 29696):  # the same procedure at other lengths, run here
+        for i in range(20):
+            np.random.seed(i)
+            want = (np.random.randint(0, n_garbage), np.random.randint(1, 50000))
+            np.random.set_state(state)
+            assert draw_trial(n_garbage, i, "official") == want
+    prompt = passkey_prompt(3072, 0, "official")
+    assert prompt.key == 43568
+    assert prompt.text.index(KEY_LINE.format(key=43568)) == len(TASK) + 1 + 2732 + 1
+    assert np.random.get_state()[1][0] == state[1][0]  # the global RNG is left alone
+    with pytest.raises(ValueError, match="official"):
+        draw_trial(3072, 0, "numpy")
+
+
+def test_passkey_prompt_starts_with_bos_when_given():
+    seen = []
+
+    class Echo(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, input_ids, **kwargs):
+            seen.append(input_ids.clone())
+            return type("Out", (), {"logits": torch.zeros(*input_ids.shape, 300), "past_key_values": None})()
+
+    encode = lambda text: [3 + (ord(ch) % 250) for ch in text]  # noqa: E731
+    prompt = passkey_prompt(100, 0, "official")
+    _, n_bos = passkey_trial(Echo(), encode, prompt, bos_id=1)
+    assert seen[0][0, 0] == 1 and seen[0][0, 1:].tolist() == encode(prompt.text)
+    _, n_plain = passkey_trial(Echo(), encode, prompt)
+    assert seen[-1][0, 0] != 1 and n_bos == n_plain + 1
 
 
 def test_passkey_accuracy_with_an_oracle_and_a_wrong_model():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -18,7 +19,7 @@ from pipelines.train import build_module
 from pipelines.utils import (
     PipelineConfigError, check_trainer, instantiate_group, model_config, unknown_choice,
 )
-from tape.model import ModelConfig
+from tape.model import DecoderLM, ModelConfig
 
 TRAIN_FAMILIES = ("addition", "pretrain", "scrolls")  # experiments run by pipelines.train
 PRESETS = sorted(
@@ -70,6 +71,34 @@ def test_paper_preset_matches_the_spec() -> None:
     assert cfg.task.batch_size * cfg.trainer.accumulate_grad_batches == 512
     assert cfg.trainer.max_steps == 20000 and cfg.optim.lr == 1e-4
     assert cfg.trainer.precision == "bf16-mixed"
+
+
+def test_arith16_has_the_cramming_ffn_width_and_117_5m_parameters() -> None:
+    cfg = compose_config("config", ["experiment=addition/paper", "pe=rope"])
+    assert cfg.model.d_ff == 1024  # GELU-GLU: 2048 units before the GLU, 1024 after
+    with torch.device("meta"):  # counts without allocating 470 MB
+        model = DecoderLM(model_config(cfg))
+    assert round(model.num_parameters() / 1e6, 1) == 117.5
+
+
+def test_fig2_preset_trains_on_40_digits_and_tests_an_80_grid() -> None:
+    cfg = compose_config("config", ["experiment=addition/paper_fig2"])
+    fig5 = compose_config("config", ["experiment=addition/paper"])
+    assert (cfg.task.max_digits, cfg.task.eval_max_digits, cfg.task.examples_per_cell) == (40, 80, 100)
+    assert cfg.experiment_name == "addition/paper_fig2" and cfg.scale == "paper_fig2"
+    assert cfg.task.seq_len >= 3 * 40 + 4  # the longest training sum fits
+    addition.validate(cfg)
+    for key in ("trainer", "optim", "model"):  # everything but the lengths as Fig. 5's preset
+        a, b = OmegaConf.to_container(cfg[key]), OmegaConf.to_container(fig5[key])
+        a.pop("max_seq_len", None), b.pop("max_seq_len", None)
+        assert a == b, key
+    assert model_config(cfg).max_seq_len == 128
+
+
+def test_scrolls_paper_uses_gradient_checkpointing() -> None:
+    cfg = compose_config("config", ["experiment=scrolls/paper", "pe=tape"])
+    assert model_config(cfg).gradient_checkpointing is True
+    assert model_config(compose_config("config", ["experiment=scrolls/cpu"])).gradient_checkpointing is False
 
 
 @pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "fsdp"])

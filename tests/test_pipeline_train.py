@@ -131,9 +131,11 @@ def test_a_run_directory_is_never_shared_or_overwritten(make_cfg, capsys) -> Non
     assert "(failed)" in out and cfg.paths.output_dir in out  # printed even on failure
 
 
-ADDITION_PRESETS = sorted(
-    f"addition/{p.stem}" for p in (Path(__file__).parents[1] / "conf/experiment/addition").glob("*.yaml")
-)
+ADDITION_PRESETS = [  # the 80 x 80 grid of Fig. 2's preset decodes ~160 prompt lengths: slow
+    pytest.param(name, marks=pytest.mark.slow) if name == "addition/paper_fig2" else name
+    for name in sorted(f"addition/{p.stem}"
+                       for p in (Path(__file__).parents[1] / "conf/experiment/addition").glob("*.yaml"))
+]
 
 
 @pytest.mark.parametrize("preset", ADDITION_PRESETS)

@@ -90,6 +90,15 @@ def test_fine_tuning_starts_from_the_pretrained_weights(make_cfg, pretrained) ->
         assert torch.equal(value, state[f"model.{name}"]), name
 
 
+@pytest.mark.parametrize("recompute", [True, False])
+def test_gradient_checkpointing_is_this_runs_choice_not_the_pretrained_runs(recompute, make_cfg, pretrained) -> None:
+    cfg = scrolls_cfg(make_cfg, f"task.pretrained_run={pretrained}",
+                      f"model.gradient_checkpointing={recompute}")
+    scrolls_task.prepare(cfg)
+    assert cfg.model.gradient_checkpointing is recompute  # the architecture is adopted, this is kept
+    assert cfg.model.d_model == OmegaConf.load(pretrained / "config.yaml").model.d_model
+
+
 def test_pretrained_run_last_finds_the_newest_finished_run(make_cfg, pretrained) -> None:
     cfg = scrolls_cfg(make_cfg, "task.pretrained_run=last", runs_dir=pretrained.parents[4])
     scrolls_task.prepare(cfg)

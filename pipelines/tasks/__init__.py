@@ -3,8 +3,12 @@
 A task module provides ``validate(cfg)`` (raise PipelineConfigError before any training),
 ``datamodule(cfg)`` (a LightningDataModule with ``vocab_size``) and
 ``evaluate(model, task_cfg, out_dir, title)`` (write artifacts into out_dir, return flat metrics);
-optionally ``prepare(cfg)`` (complete the config in place before validation) and
-``initialize(model, cfg)`` (e.g. load pretrained weights into a fresh, not resumed, model).
+optionally ``prepare(cfg)`` (complete the config in place before validation),
+``initialize(model, cfg)`` (e.g. load pretrained weights into a fresh, not resumed, model),
+``positions_needed(task_cfg)`` ((tokens, config key) evaluation needs, checked against the
+model's trained position range by pipelines.evaluate) and ``adopt(task_cfg, source, out_dir)``
+(fill null settings from the evaluated run, a pipelines.run_source.RunSource). ``passkey`` and
+``perplexity`` are evaluation tasks only: pipelines.evaluate runs them on any finished run.
 Context extension runs on Hugging Face models through its own entry point (pipelines/extend.py).
 """
 
@@ -17,6 +21,8 @@ from pipelines.utils import PipelineConfigError
 
 TASKS = {
     "addition": "pipelines.tasks.addition",
+    "passkey": "pipelines.tasks.passkey",
+    "perplexity": "pipelines.tasks.perplexity",
     "pretrain": "pipelines.tasks.pretrain",
     "scrolls": "pipelines.tasks.scrolls",
 }

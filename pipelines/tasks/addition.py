@@ -38,7 +38,12 @@ def validate(cfg: DictConfig) -> None:
             f"model.vocab_size={mc.vocab_size} is smaller than the addition vocabulary "
             f"({AdditionDataModule.vocab_size}); leave it at ${{task.vocab_size}}"
         )
-    check_position_range(mc, max_sequence_length(t.eval_max_digits), "task.eval_max_digits")
+    check_position_range(mc, *positions_needed(t))
+
+
+def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
+    """Tokens of the longest test sum, and the key that sets it."""
+    return max_sequence_length(int(task_cfg.eval_max_digits)), "task.eval_max_digits"
 
 
 def datamodule(cfg: DictConfig) -> AdditionDataModule:

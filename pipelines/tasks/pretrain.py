@@ -47,7 +47,12 @@ def validate(cfg: DictConfig) -> None:
             f"model.vocab_size={mc.vocab_size} differs from the tokenizer's task.vocab_size="
             f"{t.vocab_size}; leave model.vocab_size at ${{task.vocab_size}}"
         )
-    check_position_range(mc, max(mults) * int(t.seq_len), "task.eval_multipliers")
+    check_position_range(mc, *positions_needed(t))
+
+
+def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
+    """Tokens of the longest perplexity window, and the key that sets it."""
+    return max(int(m) for m in task_cfg.eval_multipliers) * int(task_cfg.seq_len), "task.eval_multipliers"
 
 
 # ---------------------------------------------------------------------------- text sources

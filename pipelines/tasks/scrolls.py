@@ -78,7 +78,10 @@ def prepare(cfg: DictConfig) -> None:
         cfg.task.pretrained = run_cfg.task  # how to rebuild the tokenizer at evaluation
         cfg.task.vocab_size = int(run_cfg.task.vocab_size)
         cfg.pe = run_cfg.pe
-        cfg.model = OmegaConf.merge(run_cfg.model, {"max_seq_len": seq_len})
+        # the architecture is the pretrained run's; gradient checkpointing is this run's choice
+        recompute = bool(cfg.model.get("gradient_checkpointing", False))
+        cfg.model = OmegaConf.merge(run_cfg.model, {"max_seq_len": seq_len,
+                                                    "gradient_checkpointing": recompute})
         # RandPE's range grows to the fine-tuning length when that is longer (as the paper's code)
         if cfg.model.get("randpe_max_position") and cfg.model.randpe_max_position < seq_len:
             cfg.model.randpe_max_position = seq_len

@@ -4,14 +4,25 @@ A task line, filler text cut by characters, a key line "The pass key is K. Remem
 pass key." inserted at a random character offset, and the question "What is the pass key? The
 pass key is". K is uniform in [1, 50000). Each trial draws from its own seeded generator, so a
 prompt depends on its seed only (and the global RNG is untouched).
+
+Two ways to draw a trial (``draws``):
+- ``official``: as TAPE's ``eval_retrieval.py`` (and LongLoRA's passkey script): numpy's legacy
+  RNG seeded with the trial's seed, the insertion offset drawn first (uniform in [0, n_garbage)),
+  then the key (uniform in [1, 50000)). Trial 0 at 3072 filler characters: offset 2732, key 43568.
+- ``python``: Python's ``random.Random(seed)``, key first, offset in [0, n_garbage] (what this
+  repository drew before; kept so earlier runs and the training rows stay reproducible).
+
+The paper's prompt lengths are filler sizes in characters, ``PAPER_FILLER_CHARS`` (about
+891 .. 7990 Llama-2 tokens), and its prompts start with BOS (the tokenizer adds it).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -33,17 +44,35 @@ class PasskeyPrompt:
     depth: float  # where the key line sits in the filler, 0 = start, 1 = end
 
 
+Draws = Literal["official", "python"]
+
+
 def garbage_chars(i: int, interval: int = 1000, chars_per_token: float = 3.75) -> int:
     """Filler length of test point i (1-based): floor(3.75 * i * interval / 1024) * 1024 chars."""
     return int(chars_per_token * i * interval // 1024 * 1024)
 
 
-def passkey_prompt(n_garbage: int, seed: int) -> PasskeyPrompt:
+# The paper's Fig. 3 lengths (eval_retrieval.py --max_tokens 8192 --interval 1000): i = 1..8.
+PAPER_FILLER_CHARS: tuple[int, ...] = tuple(garbage_chars(i) for i in range(1, 9))
+
+
+def draw_trial(n_garbage: int, seed: int, draws: Draws = "python") -> tuple[int, int]:
+    """(insertion offset in characters, key) of the trial with this seed; see the module doc."""
+    if draws == "official":
+        rng = np.random.RandomState(seed)  # the legacy generator np.random.seed(seed) sets up
+        offset = int(rng.randint(0, max(n_garbage, 1)))  # numpy refuses [0, 0); 0 either way
+        return offset, int(rng.randint(1, 50000))
+    if draws == "python":
+        rng = random.Random(seed)
+        key = rng.randrange(1, 50000)
+        return rng.randint(0, n_garbage), key
+    raise ValueError(f"draws={draws!r}; choose 'official' or 'python'")
+
+
+def passkey_prompt(n_garbage: int, seed: int, draws: Draws = "python") -> PasskeyPrompt:
     """The prompt with ``n_garbage`` filler characters around the key line."""
-    rng = random.Random(seed)
-    key = rng.randrange(1, 50000)
+    prefix_len, key = draw_trial(n_garbage, seed, draws)
     filler = " ".join([FILLER] * (n_garbage // len(FILLER) + 2))
-    prefix_len = rng.randint(0, n_garbage)
     prefix, suffix = filler[:prefix_len], filler[: n_garbage - prefix_len]
     text = "\n".join([TASK, prefix, KEY_LINE.format(key=key), suffix, QUESTION])
     return PasskeyPrompt(text=text, key=key, depth=prefix_len / max(n_garbage, 1))
@@ -56,12 +85,15 @@ def passkey_trial(
     prompt: PasskeyPrompt,
     answer_prefix: str = " ",
     device: torch.device | str | None = None,
+    bos_id: int | None = None,
 ) -> tuple[bool, int]:
     """Greedy-generate as many tokens as the answer has; correct iff every token matches.
-    ``encode`` maps text to token ids (without special tokens); ``answer_prefix`` is what
-    joins the question and the key (a space for BPE vocabularies). Returns (correct, prompt tokens)."""
+    ``encode`` maps text to token ids (without special tokens); ``bos_id``, when given, starts
+    the prompt (the official prompts start with BOS); ``answer_prefix`` is what joins the
+    question and the key (a space for our BPE; "" for Llama's tokenizer, whose encoding of the
+    bare key starts with its word marker). Returns (correct, prompt length in tokens with BOS)."""
     device = device or next(model.parameters()).device
-    ids = torch.tensor([list(encode(prompt.text))], device=device)
+    ids = torch.tensor([([bos_id] if bos_id is not None else []) + list(encode(prompt.text))], device=device)
     answer = list(encode(answer_prefix + str(prompt.key)))
     out = greedy_generate(model, ids, max_new_tokens=len(answer))[0, ids.shape[1]:]
     return out.tolist() == answer, ids.shape[1]
@@ -74,9 +106,12 @@ def passkey_accuracy(
     trials: int = 20,
     seed: int = 0,
     answer_prefix: str = " ",
+    bos_id: int | None = None,
+    draws: Draws = "python",
 ) -> dict[str, float]:
     """Accuracy over ``trials`` prompts (seeds seed .. seed + trials - 1) and their mean length."""
-    results = [passkey_trial(model, encode, passkey_prompt(n_garbage, seed + t), answer_prefix)
+    results = [passkey_trial(model, encode, passkey_prompt(n_garbage, seed + t, draws), answer_prefix,
+                             bos_id=bos_id)
                for t in range(trials)]
     return {
         "accuracy": sum(ok for ok, _ in results) / trials,
@@ -94,11 +129,12 @@ def garbage_for_tokens(
     max_tokens: int,
     answer_prefix: str = " ",
     probe_seeds: int = 8,
+    extra_tokens: int = 0,
 ) -> int:
     """The largest filler length (characters, a multiple of 16) whose prompts plus the longest
-    answer fit in ``max_tokens`` tokens, checked on ``probe_seeds`` seeds (0, 1, ...).
-    Raises ValueError when not even an empty filler fits."""
-    answer = len(encode(answer_prefix + str(MAX_KEY)))
+    answer (plus ``extra_tokens``, e.g. 1 for a BOS) fit in ``max_tokens`` tokens, checked on
+    ``probe_seeds`` seeds (0, 1, ...). Raises ValueError when not even an empty filler fits."""
+    answer = len(encode(answer_prefix + str(MAX_KEY))) + extra_tokens
 
     def longest(n_garbage: int) -> int:
         return max(len(encode(passkey_prompt(n_garbage, s).text)) for s in range(probe_seeds)) + answer

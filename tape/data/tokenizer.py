@@ -9,8 +9,9 @@ Hugging Face side (``save_pretrained`` next to a model) expects.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -75,3 +76,30 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return BPETokenizer(tok)
+
+
+@dataclass(frozen=True)
+class TextTokenizer:
+    """What evaluation needs from any tokenizer: text -> ids (no special tokens) and the BOS id."""
+
+    encode: Callable[[str], list[int]]
+    bos_id: int | None
+    source: str
+
+
+def load_tokenizer(path: str | Path) -> TextTokenizer:
+    """Our BPE (a ``tokenizer.json`` file) or a Hugging Face tokenizer directory (Llama's)."""
+    path = Path(path)
+    if path.is_file():
+        bpe = BPETokenizer.load(path)
+        return TextTokenizer(bpe.encode, bpe.bos_id, str(path))
+    if path.is_dir():
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(path))
+        return TextTokenizer(lambda text: hf(text, add_special_tokens=False)["input_ids"],
+                             hf.bos_token_id, str(path))
+    raise FileNotFoundError(
+        f"tokenizer {path} not found: give a tokenizer.json of our BPE (built under data_dir by "
+        "prepare_text_data) or a Hugging Face tokenizer directory (e.g. the Llama-2 model directory)"
+    )

@@ -1,5 +1,11 @@
-"""TAPE for pretrained Hugging Face Llama models and the PEFT recipes it is compared with."""
+"""TAPE for pretrained Hugging Face Llama models and the PEFT recipes it is compared with.
 
-from tape.hf.llama import TapeLlamaForCausalLM, add_tape
+Importing this package registers ``TapeLlamaConfig`` / ``TapeLlamaForCausalLM`` with
+transformers' Auto classes, so ``AutoModelForCausalLM.from_pretrained`` reloads saved TAPE models.
+"""
 
-__all__ = ["TapeLlamaForCausalLM", "add_tape"]
+from tape.hf.llama import TapeLlamaConfig, TapeLlamaForCausalLM, add_tape, register_auto_classes
+
+register_auto_classes()
+
+__all__ = ["TapeLlamaConfig", "TapeLlamaForCausalLM", "add_tape"]

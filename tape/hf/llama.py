@@ -7,9 +7,15 @@ rope_theta and linear position interpolation included), and TAPE's maps start at
 initialisation the logits equal the original model's. Grouped-query models (Llama 3) keep E per
 key/value head.
 
-The converted model is a ``TapeLlamaForCausalLM``: ``save_pretrained`` writes TAPE's weights and
-options (``config.tape``), and ``TapeLlamaForCausalLM.from_pretrained(dir)`` reloads it. Decoding
-uses our KV cache (``tape.model.KVCache``), through ``tape.model.generate.greedy_generate``.
+The converted model is a ``TapeLlamaForCausalLM`` with a ``TapeLlamaConfig`` (model_type
+``tape_llama``): ``save_pretrained`` writes TAPE's weights and options (``config.tape``), and
+both ``TapeLlamaForCausalLM.from_pretrained(dir)`` and ``AutoModelForCausalLM.from_pretrained(dir)``
+reload it (importing ``tape.hf`` registers the classes with the Auto factories).
+``TapeLlamaForCausalLM.from_pretrained(<plain Llama dir>)`` converts a plain Llama on loading:
+TAPE's maps, missing from the checkpoint, start at TAPE's identity init, so the model equals the
+Llama. Decoding uses our KV cache (``tape.model.KVCache``), through
+``tape.model.generate.greedy_generate``; HF ``generate()`` works with ``use_cache=False`` only
+(its cache has no room for E rows) and otherwise fails naming greedy_generate.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers import LlamaForCausalLM, LlamaModel
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LlamaModel
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from tape.model.cache import KVCache
@@ -65,15 +71,31 @@ def tape_config_for(hf_config: Any, options: dict[str, Any]) -> ModelConfig:
     )
 
 
+class TapeLlamaConfig(LlamaConfig):
+    """A Llama config plus TAPE's options (``tape``: see ``DEFAULT_TAPE_OPTIONS``)."""
+
+    model_type = "tape_llama"
+
+    def __init__(self, tape: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self.tape = tape
+        super().__init__(**kwargs)
+
+
+def _init_tape_layer(pe: TAPELayer, std: float) -> None:
+    """TAPE's identity init: its linear maps ~ N(0, std), then the post map and W1 (or W2) at zero."""
+    with torch.no_grad():
+        for lin in pe.modules():
+            if isinstance(lin, nn.Linear):
+                nn.init.normal_(lin.weight, std=std)
+    pe.init_weights(std)
+
+
 def _attach_tape_layers(model: LlamaModel, cfg: ModelConfig) -> None:
     """Give every decoder layer its TAPE maps, initialised so that E stays the RoPE table."""
     ref = model.embed_tokens.weight
     for idx, layer in enumerate(model.layers):
         pe = TAPELayer(cfg, updates_e=idx < cfg.n_layers - 1)
-        for lin in pe.modules():
-            if isinstance(lin, nn.Linear):
-                nn.init.normal_(lin.weight, std=cfg.init_std)
-        pe.init_weights(cfg.init_std)
+        _init_tape_layer(pe, cfg.init_std)
         layer.pe = pe.to(device=ref.device, dtype=ref.dtype)
 
 
@@ -110,8 +132,11 @@ class TapeLlamaModel(LlamaModel):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if past_key_values is not None and not isinstance(past_key_values, KVCache):
             raise TypeError(
-                "a TAPE Llama keeps E rows in its own cache: pass the tape.model.KVCache it "
-                "returned (decode with tape.model.generate.greedy_generate, not HF generate())"
+                "a TAPE Llama keeps E rows in its own cache (tape.model.KVCache), which Hugging "
+                "Face's generate() cannot create: decode with "
+                "tape.model.generate.greedy_generate(model, input_ids, max_new_tokens) (cached), "
+                "or call generate(..., use_cache=False) (recomputes the prefix every token, as "
+                "the official passkey script did)"
             )
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, N, C)
         ids_like = x[..., 0].long() if input_ids is None else input_ids
@@ -135,9 +160,14 @@ class TapeLlamaModel(LlamaModel):
 
 class TapeLlamaForCausalLM(LlamaForCausalLM):
     """A Llama causal LM with TAPE. ``from_pretrained`` on a directory written by
-    ``save_pretrained`` of a converted model restores TAPE's weights and options."""
+    ``save_pretrained`` of a converted model restores TAPE's weights and options; on a plain
+    Llama directory it converts the model, TAPE starting at identity."""
+
+    config_class = TapeLlamaConfig
 
     def __init__(self, config: Any) -> None:
+        if not isinstance(config, TapeLlamaConfig):
+            config.__class__ = TapeLlamaConfig  # saved as model_type tape_llama from now on
         super().__init__(config)
         _convert_base(self.model, dict(getattr(config, "tape", None) or {}))
         config.tape = self.model.tape_options
@@ -146,6 +176,19 @@ class TapeLlamaForCausalLM(LlamaForCausalLM):
         super()._init_weights(module)
         if isinstance(module, TAPELayer):  # HF's init must not undo TAPE's zeros
             module.init_weights(self.config.initializer_range)
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> Any:
+        """As ``PreTrainedModel.from_pretrained``; TAPE maps missing from the checkpoint (a plain
+        Llama directory) get TAPE's identity init. Transformers initialises missing weights
+        module by module, which draws the zero-initialised maps at random."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = set(info.get("missing_keys", ()))
+        for idx, layer in enumerate(model.model.layers):
+            if any(key.startswith(f"model.layers.{idx}.pe.") for key in missing):
+                _init_tape_layer(layer.pe, model.config.initializer_range)
+        return (model, info) if want_info else model
 
 
 def _convert_base(base: LlamaModel, options: dict[str, Any]) -> None:
@@ -171,6 +214,13 @@ def add_tape(model: LlamaForCausalLM, **options: Any) -> TapeLlamaForCausalLM:
         )
     _convert_base(model.model, options)
     model.__class__ = TapeLlamaForCausalLM
+    model.config.__class__ = TapeLlamaConfig  # saved as model_type tape_llama: AutoModel reloads TAPE
     model.config.tape = model.model.tape_options
     model.config.architectures = ["TapeLlamaForCausalLM"]
     return model
+
+
+def register_auto_classes() -> None:
+    """Let ``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained`` load saved TAPE models."""
+    AutoConfig.register(TapeLlamaConfig.model_type, TapeLlamaConfig, exist_ok=True)
+    AutoModelForCausalLM.register(TapeLlamaConfig, TapeLlamaForCausalLM, exist_ok=True)

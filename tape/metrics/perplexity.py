@@ -1,7 +1,9 @@
 """Perplexity with the LongLoRA protocol that TAPE's Table 2 used (tape-spec D.3).
 
-Windows of ``seq_len`` tokens start every ``stride`` (256) tokens; only full windows count (the
-last partial one is dropped). Every token of a window after its first is scored from the
+Windows of ``seq_len`` tokens start at ``range(0, n - seq_len, stride)`` (stride 256), as the
+loop of LongLoRA's ``eval_distributed.py`` and TAPE's evaluation script do: only full windows,
+and none starting exactly at n - seq_len. (LongLoRA's single-process ``eval.py`` also drops the
+last start of that range.) Every token of a window after its first is scored from the
 window's own prefix (labels = inputs, shifted), so a window scores seq_len - 1 tokens, and
 tokens are scored many times with different context lengths. Perplexity = exp(mean NLL).
 This is not the "score only the last stride" protocol, and not non-overlapping chunks.
@@ -33,10 +35,11 @@ def load_token_file(path: str | Path, dtype: str = "uint16") -> np.memmap:
 
 
 def window_starts(n_tokens: int, seq_len: int, stride: int = 256, max_windows: int | None = None) -> list[int]:
-    """Start offsets of the full windows; with ``max_windows``, that many evenly spread ones."""
+    """Start offsets ``range(0, n_tokens - seq_len, stride)`` (the LongLoRA loop); with
+    ``max_windows``, that many evenly spread ones."""
     if seq_len < 2:
         raise ValueError(f"seq_len={seq_len}: a window needs at least 2 tokens")
-    starts = list(range(0, n_tokens - seq_len + 1, stride))
+    starts = list(range(0, n_tokens - seq_len, stride))
     if max_windows is not None and len(starts) > max_windows:
         pick = np.linspace(0, len(starts) - 1, max_windows).round().astype(int)
         starts = [starts[i] for i in pick]
@@ -57,7 +60,8 @@ def sliding_window_perplexity(
     data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
     starts = window_starts(len(data), seq_len, stride, max_windows)
     if not starts:
-        raise ValueError(f"{len(data)} tokens hold no full window of {seq_len}")
+        raise ValueError(f"{len(data)} tokens hold no window of {seq_len} (a window needs "
+                         f"seq_len + 1 = {seq_len + 1} tokens or more)")
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()

@@ -35,6 +35,9 @@ class ModelConfig:
     """Positional encoding, a name from ``tape.pe.names()``."""
     attn_backend: Literal["auto", "flash", "sdpa", "eager"] = "auto"
     """auto: flash-attn on CUDA when installed and the call allows it, else PyTorch SDPA."""
+    gradient_checkpointing: bool = False
+    """Recompute each block in the backward pass instead of storing its activations (training
+    only; same loss and gradients, less memory: the paper fine-tuned SCROLLS at 8k this way)."""
 
     # --- rotary family (rope, randpe, xpos, tape) ---
     rope_theta: float = 10000.0

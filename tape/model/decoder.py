@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 import tape.pe as pe_registry
 from tape.model.attention import attend, causal_mask
@@ -218,8 +219,12 @@ class DecoderLM(nn.Module):
         position_ids, key_pos, mask = prepare_positions(input_ids, position_ids, attention_mask, cache)
         x = self.embed(input_ids)  # (B, N, C)
         state = self.pe.make_state(position_ids, key_pos, x.dtype)
+        recompute = self.cfg.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for idx, block in enumerate(self.layers):
-            x, state = block(x, state, mask, cache, idx)
+            if recompute and cache is None:  # activations of each block are recomputed in backward
+                x, state = checkpoint(block, x, state, mask, None, idx, use_reentrant=False)
+            else:
+                x, state = block(x, state, mask, cache, idx)
         logits = self.lm_head(self.norm(x))
         return DecoderOutput(logits=logits, past_key_values=cache)
 

@@ -1,0 +1,84 @@
+"""Perplexity with LongLoRA's protocol (tape-spec D.3, the paper's Table 2) as an evaluation task.
+
+On any finished run: ``python -m pipelines.evaluate run_dir=runs/... task=perplexity`` (the
+run's held-out text by default); from code: ``evaluate(model, task_cfg, out_dir, title)`` with
+``task_cfg`` as conf/task/perplexity.yaml (``corpora`` and ``lengths`` set). Windows of each
+length start at ``range(0, n - L, stride)``; every token of a window after its first is scored.
+Works for our DecoderLM and for Hugging Face causal LMs. It trains nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, open_dict
+from torch import nn
+
+from pipelines.utils import PipelineConfigError, check_model_positions, evaluation_only
+from tape.metrics.perplexity import load_token_file, sliding_window_perplexity
+
+FIELDS = ["corpus", "length", "perplexity", "nll", "windows", "scored_tokens"]
+
+
+def validate(cfg: DictConfig) -> None:
+    """Refused in pipelines.train: perplexity is evaluated on a finished run."""
+    evaluation_only("perplexity")
+
+
+def datamodule(cfg: DictConfig) -> Any:
+    evaluation_only("perplexity")
+
+
+def adopt(task_cfg: DictConfig, source: Any, out_dir: Path) -> None:
+    """Fill what is null from the evaluated run: its held-out text; lengths = 1x, 2x, 4x its context."""
+    with open_dict(task_cfg):
+        if not task_cfg.corpora:
+            task_cfg.corpora = source.heldout_corpora(out_dir)
+        if task_cfg.lengths is None:
+            task_cfg.lengths = [m * source.context for m in (1, 2, 4)]
+
+
+def positions_needed(task_cfg: DictConfig) -> tuple[int, str] | None:
+    return (max(int(n) for n in task_cfg.lengths), "task.lengths") if task_cfg.lengths else None
+
+
+def rows(model: nn.Module, task_cfg: DictConfig) -> list[dict[str, Any]]:
+    """One row per (corpus, length): perplexity, mean NLL, windows and scored tokens."""
+    t = task_cfg
+    if not t.corpora or not t.lengths:
+        raise PipelineConfigError("task.corpora (name: token file) and task.lengths must be set")
+    lengths = [int(n) for n in t.lengths]
+    if min(lengths) < 2:
+        raise PipelineConfigError(f"task.lengths={lengths}: a window needs at least 2 tokens")
+    check_model_positions(model, max(lengths), "task.lengths")
+    out = []
+    for corpus, path in t.corpora.items():
+        try:
+            tokens = load_token_file(str(path), str(t.token_dtype))
+        except FileNotFoundError as err:
+            raise PipelineConfigError(f"task.corpora.{corpus}: {err}") from None
+        for length in lengths:
+            try:
+                r = sliding_window_perplexity(model, tokens, length, int(t.stride), int(t.batch_size),
+                                              None if t.max_windows is None else int(t.max_windows))
+            except ValueError as err:
+                raise PipelineConfigError(f"task.corpora.{corpus} at task.lengths {length}: {err}") from None
+            out.append({"corpus": str(corpus), "length": length, **r})
+    return out
+
+
+def evaluate(model: nn.Module, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
+    """Perplexity per corpus and length -> out_dir/perplexity.csv (a new file) and flat metrics
+    ``ppl_<corpus>_<length>`` and ``eval_time_s``."""
+    t0 = time.perf_counter()
+    results = rows(model, task_cfg)
+    with open(Path(out_dir) / "perplexity.csv", "x", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(results)
+    metrics = {f"ppl_{r['corpus']}_{r['length']}": float(r["perplexity"]) for r in results}
+    metrics["eval_time_s"] = time.perf_counter() - t0
+    return metrics

@@ -1,0 +1,238 @@
+"""pipelines.evaluate on finished runs: the run's own evaluation, task=passkey / task=perplexity on
+a pretraining run and on Hugging Face Llama directories (a TAPE one included), a missing
+run_dir, RandPE's trained range, printing and logging the metrics, and the device choice."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf, open_dict
+
+from conftest import INVENTED_VOCAB, compose_config
+from pipelines import evaluate as evaluate_mod
+from pipelines.evaluate import evaluate, resolve_device, run_dir_problem
+from pipelines.train import train
+from pipelines.utils import PipelineConfigError
+from tape.data.text import TextData
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_eval(run: Path, *overrides: str, name: str = "e") -> dict:
+    cfg = compose_config("evaluate", [f"run_dir={run}", *overrides])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(run / "eval" / name)
+    return evaluate(cfg)
+
+
+def finished_run(runs: Path, *overrides: str) -> Path:
+    """Train a smoke preset with a CSV logger into runs/<experiment>/<pe>/0/run."""
+    cfg = compose_config("config", [*overrides, "logger=csv", "callbacks.rich_progress_bar=null",
+                                    "+trainer.enable_progress_bar=false"])
+    with open_dict(cfg):
+        cfg.paths.runs_dir = str(runs)
+        cfg.paths.output_dir = str(runs / cfg.experiment_name / cfg.pe.name / "0" / "run")
+    train(cfg)
+    return Path(cfg.paths.output_dir)
+
+
+@pytest.fixture(scope="module")
+def pretrained(invented_text_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny TAPE pretraining run (books BPE of the invented corpus)."""
+    return finished_run(tmp_path_factory.mktemp("eval") / "runs", "experiment=pretrain/smoke", "pe=tape",
+                        f"task.data_dir={invented_text_data}", f"task.vocab_size={INVENTED_VOCAB}",
+                        "task.heldout_percent=20")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(invented_text_data: Path) -> Path:
+    return TextData(invented_text_data / f"books-bpe{INVENTED_VOCAB}-h20").tokenizer_path
+
+
+def tiny_llama_dir(path: Path, tape: bool = False) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tape.hf import add_tape
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=INVENTED_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
+    if tape:
+        model = add_tape(model)
+    model.save_pretrained(path)
+    return path
+
+
+# ---------------------------------------------------------------------------- run_dir
+def test_missing_run_dir_is_one_line_naming_the_key_and_creates_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    for args in ([], [f"run_dir={tmp_path / 'nope'}"]):
+        out = subprocess.run([sys.executable, "-m", "pipelines.evaluate", *args], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and "run_dir=" in lines[0], out.stderr[-2000:]
+        assert "Traceback" not in out.stderr
+    assert list(tmp_path.iterdir()) == []  # neither outputs/ nor nope/eval/...
+
+
+def test_run_dir_problem_names_the_key() -> None:
+    assert "run_dir=" in run_dir_problem(["task=passkey"])
+    assert "run_dir=/no/such/dir" in run_dir_problem(["run_dir=/no/such/dir"])
+
+
+# ---------------------------------------------------------------------------- addition runs
+@pytest.fixture(scope="module")
+def randpe_addition(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished addition smoke run with RandPE: positions trained in [0, 32)."""
+    return finished_run(tmp_path_factory.mktemp("add") / "runs", "experiment=addition/smoke", "pe=randpe")
+
+
+def test_randpe_range_check_applies_to_reevaluation(randpe_addition: Path) -> None:
+    # 40-digit operands need 3 * 40 + 4 = 124 positions; RandPE trained on [0, 2 * 16)
+    with pytest.raises(PipelineConfigError, match=r"task\.eval_max_digits.*124|124.*task\.eval_max_digits"):
+        run_eval(randpe_addition, "task.eval_max_digits=40", name="far")
+    assert not (randpe_addition / "eval" / "far" / "metrics.json").exists()
+
+
+def test_reevaluation_prints_and_logs_its_metrics(randpe_addition: Path, capsys) -> None:
+    own_csv = (randpe_addition / "csv" / "metrics.csv").read_text()
+    metrics = run_eval(randpe_addition, "task.examples_per_cell=1", name="again")
+    printed = capsys.readouterr().out
+    assert "mean_accuracy" in printed and f"{metrics['mean_accuracy']:.6g}" in printed
+    logged = list(csv.DictReader(open(randpe_addition / "eval" / "again" / "csv" / "metrics.csv")))
+    assert float(logged[-1]["eval/mean_accuracy"]) == pytest.approx(metrics["mean_accuracy"])
+    assert (randpe_addition / "csv" / "metrics.csv").read_text() == own_csv  # the run's log untouched
+    assert metrics["device"] == "cpu"
+
+
+def test_the_gpu_is_used_when_there_is_one(randpe_addition: Path, monkeypatch) -> None:
+    """The device decision with CUDA faked: the model is moved to cuda (the move is recorded, not
+    made, so the evaluation still runs here on CPU tensors)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("pipelines.utils.machine_summary", lambda: "faked GPU")  # it would query the GPU
+    assert resolve_device("auto") == "cuda" and resolve_device("cpu") == "cpu"
+    moved = []
+    original = torch.nn.Module.to
+
+    def record(self, *args, **kwargs):
+        moved.extend(str(a) for a in args if isinstance(a, (str, torch.device)))
+        return self
+
+    monkeypatch.setattr(torch.nn.Module, "to", record)
+    metrics = run_eval(randpe_addition, "task.examples_per_cell=1", "logger=none", name="gpu")
+    assert "cuda" in moved and metrics["device"] == "cuda"
+    monkeypatch.setattr(torch.nn.Module, "to", original)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    with pytest.raises(PipelineConfigError, match="device=cuda"):
+        resolve_device("cuda")
+
+
+def test_passkey_on_an_addition_run_asks_for_a_tokenizer(randpe_addition: Path) -> None:
+    with pytest.raises(PipelineConfigError, match="task.tokenizer"):
+        run_eval(randpe_addition, "task=passkey", name="pk")
+
+
+# ---------------------------------------------------------------------------- pretraining runs
+def test_passkey_on_a_pretraining_run(pretrained: Path, capsys) -> None:
+    metrics = run_eval(pretrained, "task=passkey", "task.lengths=[256,320]", "task.trials=3", name="pk")
+    out = pretrained / "eval" / "pk"
+    assert metrics["task"] == "passkey" and metrics["pe"] == "tape" and metrics["steps"] == 4
+    assert {"passkey_256", "passkey_320", "passkey_mean"} <= set(metrics)
+    assert all(0.0 <= metrics[k] <= 1.0 for k in ("passkey_256", "passkey_320"))
+    rows = list(csv.DictReader(open(out / "passkey.csv")))
+    assert [int(r["target_tokens"]) for r in rows] == [256, 320]
+    assert all(int(r["max_tokens"]) <= int(r["target_tokens"]) for r in rows)  # BOS and answer included
+    saved = OmegaConf.load(out / "config.yaml").task
+    assert saved.tokenizer.endswith("tokenizer.json") and saved.draws == "official" and saved.bos
+    assert "passkey_256" in capsys.readouterr().out
+    logged = list(csv.DictReader(open(out / "csv" / "metrics.csv")))
+    assert float(logged[-1]["eval/passkey_256"]) == pytest.approx(metrics["passkey_256"])
+
+
+def test_perplexity_on_a_pretraining_run_reads_its_heldout_text(pretrained: Path) -> None:
+    metrics = run_eval(pretrained, "task=perplexity", "task.max_windows=3", name="ppl")
+    assert {"ppl_heldout_16", "ppl_heldout_32", "ppl_heldout_64"} <= set(metrics)  # 1x, 2x, 4x of 16
+    assert all(1.0 < metrics[f"ppl_heldout_{n}"] < 5 * INVENTED_VOCAB for n in (16, 32, 64))
+    rows = list(csv.DictReader(open(pretrained / "eval" / "ppl" / "perplexity.csv")))
+    assert [int(r["windows"]) for r in rows] == [3, 3, 3]
+
+
+def test_passkey_and_perplexity_refuse_pipelines_train(make_cfg) -> None:
+    from pipelines.tasks import get_task
+
+    for name in ("passkey", "perplexity"):
+        with pytest.raises(PipelineConfigError, match="pipelines.evaluate run_dir="):
+            get_task(name).validate(make_cfg(f"task={name}"))
+
+
+# ---------------------------------------------------------------------------- Hugging Face models
+@pytest.mark.parametrize("tape", [False, True], ids=["llama", "tape-llama"])
+def test_passkey_and_perplexity_on_a_llama_directory(tape: bool, tmp_path: Path, tokenizer_json: Path) -> None:
+    model_dir = tiny_llama_dir(tmp_path / "model", tape=tape)
+    tokens = tmp_path / "test.bin"
+    np.random.default_rng(0).integers(3, INVENTED_VOCAB, 64 + 2 * 256, dtype=np.uint16).tofile(tokens)
+    pk = run_eval(model_dir, "task=passkey", f"task.tokenizer={tokenizer_json}", "task.lengths=[256]",
+                  "task.trials=2", name="pk")
+    assert pk["pe"] == ("tape" if tape else "llama") and 0.0 <= pk["passkey_256"] <= 1.0
+    ppl = run_eval(model_dir, "task=perplexity", f"+task.corpora.test={tokens}", "task.lengths=[64]",
+                   name="ppl")
+    rows = list(csv.DictReader(open(model_dir / "eval" / "ppl" / "perplexity.csv")))
+    assert int(rows[0]["windows"]) == 2  # range(0, 576 - 64, 256)
+    assert 1.0 < ppl["ppl_test_64"] < 5 * INVENTED_VOCAB
+    assert json.loads((model_dir / "eval" / "ppl" / "metrics.json").read_text())["model_dir"] == str(model_dir)
+
+
+def test_a_missing_tokenizer_or_corpus_is_named(tmp_path: Path) -> None:
+    model_dir = tiny_llama_dir(tmp_path / "model")  # no tokenizer files, no held-out text
+    with pytest.raises(PipelineConfigError, match="task.tokenizer is not set"):
+        run_eval(model_dir, "task=passkey", name="a")
+    with pytest.raises(PipelineConfigError, match="task.tokenizer=/no/tokenizer"):
+        run_eval(model_dir, "task=passkey", "task.tokenizer=/no/tokenizer", "task.lengths=[256]", name="b")
+    with pytest.raises(PipelineConfigError, match="task.corpora"):
+        run_eval(model_dir, "task=perplexity", name="c")
+    with pytest.raises(PipelineConfigError, match="task=passkey or task=perplexity"):
+        run_eval(model_dir, name="d")  # a bare model has no evaluation of its own
+
+
+def test_a_context_extension_run_evaluates_the_chosen_stage(tmp_path: Path, tokenizer_json: Path) -> None:
+    run = tmp_path / "runs/context_extension/smoke/llama/0/run"
+    run.mkdir(parents=True)
+    model_dir = tiny_llama_dir(tmp_path / "models" / "tape-abc", tape=True)
+    # the fields of a context-extension run's config.yaml that pipelines.evaluate reads
+    cfg = {"experiment_name": "context_extension/smoke", "scale": "smoke", "seed": 0,
+           "task": {"name": "context_extension"}, "pe": {"name": "llama"},
+           "model": {"context": 128, "pretrained_path": None}, "extend": {"context": 256},
+           "data": {"source": "books", "data_dir": "unused", "vocab_size": INVENTED_VOCAB, "eval_files": {}},
+           "logger": {"csv": {"_target_": "lightning.pytorch.loggers.CSVLogger", "save_dir": str(run),
+                              "name": "csv", "version": ""}}}
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    (run / "metrics.json").write_text(json.dumps({"base_model": str(tmp_path / "models/base"),
+                                                  "tape_model": str(model_dir)}))
+    with pytest.raises(PipelineConfigError, match=r"stage=None.*base.*tape"):
+        run_eval(run, "task=passkey", name="a")
+    metrics = run_eval(run, "stage=tape", "task=passkey", f"task.tokenizer={tokenizer_json}",
+                       "task.trials=1", name="b")
+    assert metrics["stage"] == "tape" and metrics["model_dir"] == str(model_dir)
+    assert set(k for k in metrics if k.startswith("passkey_") and k[8:].isdigit()) == {"passkey_256", "passkey_512"}
+    assert (run / "eval" / "b" / "csv" / "metrics.csv").is_file()  # the run's CSV logger, in the eval dir
+    assert not (run / "csv").exists()  # never into the run's own files
+
+
+def test_paper_passkey_sizes_are_in_the_task_config() -> None:
+    from tape.data.passkey import PAPER_FILLER_CHARS
+
+    task = OmegaConf.load(REPO / "conf/task/passkey.yaml")
+    task.filler_chars = "${.paper_filler_chars}"  # what the paper preset sets
+    assert tuple(task.filler_chars) == PAPER_FILLER_CHARS
+    assert evaluate_mod.RERUN_KEYS == tuple(OmegaConf.load(REPO / "conf/evaluate.yaml").task)
