@@ -35,8 +35,8 @@ bench:  ## Efficiency benchmark (CPU, a few minutes): writes results/efficiency.
 reproduce-table:  ## Run every experiment at PROFILE=cpu (JOBS=2 runs at once, SEEDS=0 or e.g. SEEDS="0 1"; skips finished runs) or print PROFILE=paper's commands; then render results/
 	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS) --seeds $(SEEDS)
 
-report:  ## Render results/ (tables, figures, runs.csv) from the run directories, never W&B
-	$(BIN)/python -m pipelines.report
+report:  ## Render results/ from runs/ (never W&B); refuses to replace numbers with "not run" (REPORT_ARGS=--render-empty)
+	$(BIN)/python -m pipelines.report $(REPORT_ARGS)
 
 wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B login)
 	find runs -type d -name 'offline-run-*' -print0 | xargs -0 -r $(BIN)/wandb sync

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from tape.report.runs import Run, latest_finished
+from tape.report.runs import Run, newest_per_setting
+from tape.report.settings import NOT_SETTINGS, describe, differences, setting_values
 from tape.report.stats import Missing, Summary, summarize
 
 NOT_RUN = "not run"
@@ -19,6 +20,7 @@ class Group:
 
     finished: list[Run] = field(default_factory=list)
     unfinished: list[Run] = field(default_factory=list)
+    differs: str = ""  # a row of runs set apart: the keys where they differ from the pooled row
 
     @property
     def seeds(self) -> list[int]:
@@ -52,20 +54,36 @@ def metric(key: str) -> Callable[[Run], float | None]:
 
 
 def group_by(runs: Iterable[Run], key: Callable[[Run], str | None]) -> dict[str, Group]:
-    """Rows keyed by ``key(run)`` (runs where it is None are left out), in first-seen order."""
+    """Rows keyed by ``key(run)`` (runs where it is None are left out), in first-seen order.
+
+    A row pools only runs of one setting (tape.report.settings): the setting with the most
+    finished seeds (ties: the newest run). Runs of any other setting get a row of their own,
+    keyed ``"<key> [<differing keys>]"`` with ``Group.differs`` naming them, and are never
+    averaged in."""
     runs = [r for r in runs if key(r) is not None]
-    newest = latest_finished(runs)
-    groups: dict[str, Group] = {}
+    newest = newest_per_setting(runs)
+    rows: dict[str, list[Run]] = {}
     for run in runs:
-        g = groups.setdefault(str(key(run)), Group())
-        if run.finished:
-            if newest.get((run.experiment, run.pe, run.seed)) is run:
-                g.finished.append(run)
-        elif not any(r.finished and r.seed == run.seed and r.experiment == run.experiment
-                     and r.pe == run.pe for r in runs):
-            g.unfinished.append(run)  # an unfinished run that a later finished run superseded is left out
-    for g in groups.values():
-        g.finished.sort(key=lambda r: r.seed)
+        rows.setdefault(str(key(run)), []).append(run)
+    groups: dict[str, Group] = {}
+    for name, members in rows.items():
+        chosen = [r for r in members if newest.get((r.experiment, r.pe, r.seed, r.setting)) is r]
+        by_setting: dict[str, list[Run]] = {}
+        for run in chosen:
+            by_setting.setdefault(run.setting, []).append(run)
+        main = max(by_setting.values(), key=lambda rs: (len(rs), max(r.name for r in rs)),
+                   default=[])
+        g = groups.setdefault(name, Group())
+        g.finished = sorted(main, key=lambda r: r.seed)
+        g.unfinished = [r for r in members if not r.finished and not any(
+            f.finished and f.seed == r.seed and f.experiment == r.experiment and f.pe == r.pe
+            for f in members)]  # an unfinished run that a later finished run superseded is left out
+        for setting, others in by_setting.items():
+            if others is main:
+                continue
+            diff = describe(differences(others[0].config(), main[0].config()))
+            groups[f"{name} [{diff}]"] = Group(finished=sorted(others, key=lambda r: r.seed),
+                                               differs=diff)
     return groups
 
 
@@ -86,3 +104,28 @@ def artifact(run: Run, name: str) -> Path | None:
 def of_scale(runs: Iterable[Run], scale: str, task: Callable[[str], bool]) -> list[Run]:
     """The runs at ``scale`` whose task name passes ``task``."""
     return [r for r in runs if r.scale == scale and task(r.task)]
+
+
+def setting_notes(groups: dict[str, Group], compared: str | None = "pe") -> list[str]:
+    """Table notes that keep the comparison honest: the runs set apart because their settings
+    differ, and pooled rows whose settings differ in more than ``compared`` (the key the table
+    compares, e.g. the PE; None: rows differ by design, skip that check)."""
+    notes = []
+    apart = {name: g for name, g in groups.items() if g.differs and g.finished}
+    if apart:
+        notes.append("Set apart, never pooled as seeds (their resolved config differs in the named "
+                     "keys from the pooled row; tape/report/settings.py lists the keys that may "
+                     "differ): " + "; ".join(
+                         f"{name.replace(chr(9), ' ')} (seeds {', '.join(map(str, g.seeds))})"
+                         for name, g in apart.items()) + ".")
+    main = {name: g.finished[0] for name, g in groups.items() if g.finished and not g.differs}
+    if compared and len(main) > 1:
+        ignore = (*NOT_SETTINGS, compared)
+        ref = next(iter(main.values()))
+        keys = sorted({k for r in main.values() for k in differences(r.config(), ref.config(), ignore)})
+        if keys:
+            values = {name: setting_values(r.config(), ignore) for name, r in main.items()}
+            notes.append(f"**Not like for like:** the rows differ in more than `{compared}`: "
+                         + "; ".join(f"{name}: {describe({k: v.get(k) for k in keys})}"
+                                     for name, v in values.items()) + ".")
+    return notes
