@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from hydra.errors import CompactHydraException
-from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
 # Nothing here imports torch, Lightning or transformers at module level: Hydra imports this
@@ -208,11 +207,18 @@ def multirun_summary(jobs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_entry(main: Callable[[], Any], argv: list[str]) -> None:
-    """``__main__`` of an entry point: reject unknown config choices at once, run Hydra's
-    ``main``, and end a multirun with its summary (printed even when a job failed)."""
+def run_entry(main: Callable[[], Any], argv: list[str], config_name: str = "config") -> None:
+    """``__main__`` of an entry point: reject unknown config choices and the failures Hydra
+    would meet while creating the run directory (preflight) at once, run Hydra's ``main``, and
+    end a multirun with its summary (printed even when a job failed)."""
     if message := unknown_choice(argv):
         sys.exit(message)
+    try:
+        preflight(config_name, argv)
+    except PipelineConfigError as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        sys.exit(str(err))
     try:
         main()
     finally:
@@ -274,29 +280,54 @@ def check_writable(path: str | Path, key: str) -> None:
 def check_run_dir_new(run_dir: Path, key: str = "hydra.run.dir") -> None:
     """A run directory must be new: an existing, non-empty one belongs to another run."""
     if run_dir.is_dir() and any(run_dir.iterdir()):
+        why = f"{RUN_CLAIM} exists" if (run_dir / RUN_CLAIM).exists() else "it is not empty"
         raise PipelineConfigError(
-            f"{key}={run_dir} already exists and belongs to another run"
-            + (f" ({RUN_CLAIM} exists)" if (run_dir / RUN_CLAIM).exists() else "")
-            + "; runs never share a directory and nothing was written to it. Leave "
-            f"{key} at its default or point it at a new directory."
+            f"{key}={run_dir} already belongs to another run ({why}); runs never share a "
+            f"directory, and nothing was written to it. Leave {key} at its default or point it "
+            "at a new directory."
         )
 
 
-class Preflight(HydraCallback):
-    """Checks that must pass before Hydra writes anything (it creates the run directory and its
-    log before the task starts): ``paths.runs_dir`` is writable and ``hydra.run.dir`` is new.
-    DDP's extra processes rerun the command inside rank 0's directory and are not checked."""
+def _first_of_each_sweep(argv: list[str]) -> list[str]:
+    """The overrides of ``argv`` with every sweep (a,b / range(...)) cut to its first value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if not is_rank_zero():
-            return
-        if "paths" in config and config.paths.get("runs_dir"):
-            check_writable(config.paths.runs_dir, "paths.runs_dir")
-        check_run_dir_new(Path(str(config.hydra.run.dir)))
+    out = []
+    for override in OverridesParser.create().parse_overrides(argv):
+        if override.is_sweep_override():
+            first = next(iter(override.sweep_string_iterator()))
+            out.append(f"{override.get_key_element()}={first}")
+        else:
+            out.append(override.input_line)
+    return out
 
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if "paths" in config and config.paths.get("runs_dir"):
-            check_writable(config.paths.runs_dir, "paths.runs_dir")
+
+def preflight(config_name: str, argv: list[str]) -> None:
+    """Checks that must pass before Hydra writes anything (it creates the run directory and
+    starts its log before the task runs): ``paths.runs_dir`` is writable and ``hydra.run.dir``
+    is new. Composes the config as Hydra will; a config Hydra cannot compose is left for Hydra
+    to report. DDP's extra processes rerun the command inside rank 0's directory: not checked."""
+    if not is_rank_zero():
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    multirun = bool({"-m", "--multirun"} & set(argv))
+    overrides = [a for a in argv if not a.startswith("-")]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=_first_of_each_sweep(overrides),
+                          return_hydra_config=True)
+            runs_dir = OmegaConf.select(cfg, "paths.runs_dir")
+            run_dir = None if multirun else OmegaConf.select(cfg, "hydra.run.dir")
+    except Exception:  # noqa: BLE001 - Hydra reports a config it cannot compose, with context
+        return
+    finally:
+        GlobalHydra.instance().clear()
+    if runs_dir:
+        check_writable(runs_dir, "paths.runs_dir")
+    if run_dir:
+        check_run_dir_new(Path(str(run_dir)))
 
 
 # ---------------------------------------------------------------------------- run directories
