@@ -29,8 +29,12 @@ class StepProgressBar(RichProgressBar):
                                 completed=trainer.global_step, description=self._get_train_description(0))
 
     def _update(self, progress_bar_id: Any, current: int, visible: bool = True, hard: bool = False) -> None:
-        if progress_bar_id is not None and progress_bar_id == self.train_progress_bar_id:
-            current = self.trainer.global_step  # optimizer steps, resumed ones included
+        if (self.progress is not None and progress_bar_id is not None
+                and progress_bar_id == self.train_progress_bar_id):
+            # optimizer steps, resumed ones included, out of max_steps (a resumed epoch's bar
+            # is re-created with the batches left as its total)
+            self.progress.update(progress_bar_id, total=self.trainer.max_steps)
+            current = self.trainer.global_step
         super()._update(progress_bar_id, current, visible, hard)
 
 

@@ -136,9 +136,10 @@ def task_wrapper(fn: F) -> F:
             return out
         except PipelineConfigError as err:
             error = str(err)
-            if _multirun():
+            if _multirun():  # printed here, once; the sweep goes on and ends with a summary
                 log.error("%s", err)
-                raise JobFailed(f"{fn.__name__} failed: {err}") from err
+                raise JobFailed("this job failed: its error is printed above, the multirun "
+                                "summary follows") from err
             raise
         except Exception as err:
             error = f"{type(err).__name__}: {err}"
@@ -201,7 +202,7 @@ def multirun_summary(jobs: list[dict[str, Any]]) -> str:
     for i, j in enumerate(jobs):
         cfg = j["cfg"]
         what = f"{cfg.get('experiment_name')} pe={(cfg.get('pe') or {}).get('name')} seed={cfg.get('seed')}"
-        tail = j["error"] if j["failed"] else _fmt(headline(j["metrics"]), limit=3)
+        tail = "(its error is printed above)" if j["failed"] else _fmt(headline(j["metrics"]), limit=3)
         lines.append(f"  [{i}] {'FAILED' if j['failed'] else 'ok':6} {what}: {tail}")
         lines.append(f"       {j['run_dir']}")
     return "\n".join(lines)

@@ -212,3 +212,21 @@ def test_a_run_ends_with_a_summary_of_its_headline_metrics(make_cfg, capsys) -> 
     out = capsys.readouterr().out
     assert "---- train done: experiment=addition/smoke pe=nope seed=0" in out
     assert f"mean_accuracy {metrics['mean_accuracy']:.4g}" in out and "val_loss" in out
+
+
+def test_progress_bar_counts_steps_across_a_resume(make_cfg, capsys) -> None:
+    """Issue 14.10: "Epoch 0/-2", and "600/499" on the bar after a resume."""
+    def with_bar(*overrides: str, name: str):
+        cfg = make_cfg("pe=rope", "trainer.max_steps=6", "trainer.val_check_interval=2", *overrides, name=name)
+        with open_dict(cfg):
+            cfg.callbacks.rich_progress_bar = {"_target_": "pipelines.callbacks.StepProgressBar"}
+            cfg.trainer.enable_progress_bar = True
+        return cfg
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(with_bar(name="killed"), extra_callbacks=[Kill(at_step=4)])
+    capsys.readouterr()
+    train(with_bar("ckpt_path=last", name="resumed"))
+    out = capsys.readouterr().out
+    assert re.search(r"Training steps\s.*\b6/6\b", out), out
+    assert "Epoch" not in out and "/-" not in out
