@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
 from pipelines.utils import PipelineConfigError, check_position_range, model_config
-from tape.data.addition import max_sequence_length
-from tape.lightning import AdditionDataModule
-from tape.metrics.arithmetic import evaluate_grid, summarize, write_grid_csv
-from tape.report.heatmap import plot_heatmap
+
+if TYPE_CHECKING:  # torch-based; imported where used, after the cheap config checks
+    from tape.lightning import AdditionDataModule
 
 
 def validate(cfg: DictConfig) -> None:
@@ -26,6 +25,9 @@ def validate(cfg: DictConfig) -> None:
             f"task.eval_max_digits={t.eval_max_digits} is below task.max_digits={t.max_digits}; "
             "the test grid must cover the training lengths (the paper uses 2 * max_digits)"
         )
+    from tape.data.addition import max_sequence_length
+    from tape.lightning import AdditionDataModule
+
     need = max_sequence_length(t.max_digits)
     if t.seq_len < need:
         raise PipelineConfigError(
@@ -42,6 +44,8 @@ def validate(cfg: DictConfig) -> None:
 
 
 def datamodule(cfg: DictConfig) -> AdditionDataModule:
+    from tape.lightning import AdditionDataModule
+
     t = cfg.task
     return AdditionDataModule(
         max_digits=t.max_digits, batch_size=t.batch_size, val_examples=t.val_examples, seed=cfg.seed
@@ -50,6 +54,9 @@ def datamodule(cfg: DictConfig) -> AdditionDataModule:
 
 def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
     """Grid of [1..eval_max_digits]^2 -> grid.csv, heatmap.png and the summary metrics."""
+    from tape.metrics.arithmetic import evaluate_grid, summarize, write_grid_csv
+    from tape.report.heatmap import plot_heatmap
+
     t0 = time.perf_counter()
     cells = evaluate_grid(
         model, task_cfg.eval_max_digits, task_cfg.examples_per_cell, task_cfg.eval_seed,

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from tape.report.runs import Run, newest_per_setting
-from tape.report.settings import NOT_SETTINGS, describe, differences, setting_values
+from tape.report.runs import Run
+from tape.report.settings import NOT_SETTINGS, describe, differences, same_setting, setting_values
 from tape.report.stats import Missing, Summary, summarize
 
 NOT_RUN = "not run"
@@ -53,37 +53,45 @@ def metric(key: str) -> Callable[[Run], float | None]:
     return get
 
 
+def _by_setting(runs: list[Run]) -> list[list[Run]]:
+    """Finished runs, newest first, split into settings: a run joins the first bucket whose
+    newest run has the same setting (tape.report.settings.same_setting); per bucket, the newest
+    run of each seed."""
+    buckets: list[list[Run]] = []
+    for run in sorted(runs, key=lambda r: r.name, reverse=True):
+        home = next((b for b in buckets if same_setting(run.config(), b[0].config())), None)
+        if home is None:
+            buckets.append([run])
+        elif all(r.seed != run.seed or r.experiment != run.experiment for r in home):
+            home.append(run)  # an older run of a seed the bucket has is superseded
+    return buckets
+
+
 def group_by(runs: Iterable[Run], key: Callable[[Run], str | None]) -> dict[str, Group]:
     """Rows keyed by ``key(run)`` (runs where it is None are left out), in first-seen order.
 
     A row pools only runs of one setting (tape.report.settings): the setting with the most
     finished seeds (ties: the newest run). Runs of any other setting get a row of their own,
     keyed ``"<key> [<differing keys>]"`` with ``Group.differs`` naming them, and are never
-    averaged in."""
-    runs = [r for r in runs if key(r) is not None]
-    newest = newest_per_setting(runs)
+    averaged in. Variant runs (Run.variant) are left out."""
     rows: dict[str, list[Run]] = {}
     for run in runs:
-        rows.setdefault(str(key(run)), []).append(run)
+        if (name := key(run)) is not None:
+            rows.setdefault(str(name), []).append(run)
     groups: dict[str, Group] = {}
     for name, members in rows.items():
-        chosen = [r for r in members if newest.get((r.experiment, r.pe, r.seed, r.setting)) is r]
-        by_setting: dict[str, list[Run]] = {}
-        for run in chosen:
-            by_setting.setdefault(run.setting, []).append(run)
-        main = max(by_setting.values(), key=lambda rs: (len(rs), max(r.name for r in rs)),
-                   default=[])
+        buckets = _by_setting([r for r in members if r.finished and not r.variant])
+        main = max(buckets, key=len, default=[])  # max keeps the first (newest) of equal sizes
         g = groups.setdefault(name, Group())
         g.finished = sorted(main, key=lambda r: r.seed)
         g.unfinished = [r for r in members if not r.finished and not any(
             f.finished and f.seed == r.seed and f.experiment == r.experiment and f.pe == r.pe
             for f in members)]  # an unfinished run that a later finished run superseded is left out
-        for setting, others in by_setting.items():
-            if others is main:
-                continue
-            diff = describe(differences(others[0].config(), main[0].config()))
-            groups[f"{name} [{diff}]"] = Group(finished=sorted(others, key=lambda r: r.seed),
-                                               differs=diff)
+        for others in buckets:
+            if others is not main:
+                diff = describe(differences(others[0].config(), main[0].config()))
+                groups[f"{name} [{diff}]"] = Group(finished=sorted(others, key=lambda r: r.seed),
+                                                   differs=diff)
     return groups
 
 

@@ -20,8 +20,6 @@ from typing import Any, Iterable
 
 import yaml
 
-from tape.report.settings import setting_hash
-
 RUN_NAME = re.compile(r"^\d{8}-\d{6}-[0-9a-f]+(-\d+)?$")
 SKIP_DIRS = {"multirun", "models", "wandb", "eval", "checkpoints", "csv", ".hydra"}
 
@@ -88,12 +86,6 @@ class Run:
                 loaded = {}
             self._config = loaded if isinstance(loaded, dict) else {}
         return self._config
-
-    @property
-    def setting(self) -> str:
-        """The hash of what this run measures: its config minus the seed and the keys that do
-        not change the experiment (tape.report.settings.NOT_SETTINGS)."""
-        return setting_hash(self.config())
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -194,16 +186,6 @@ def latest_finished(runs: Iterable[Run]) -> dict[tuple[str, str, int], Run]:
     for run in runs:
         key = (run.experiment, run.pe, run.seed)
         if run.finished and not run.variant and (key not in best or run.name > best[key].name):
-            best[key] = run
-    return best
-
-
-def newest_per_setting(runs: Iterable[Run]) -> dict[tuple[str, str, int, str], Run]:
-    """The newest finished run per (experiment, pe, seed, setting), variants left out."""
-    best: dict[tuple[str, str, int, str], Run] = {}
-    for run in runs:
-        key = (run.experiment, run.pe, run.seed, run.setting) if run.finished else None
-        if key and not run.variant and (key not in best or run.name > best[key].name):
             best[key] = run
     return best
 

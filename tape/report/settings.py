@@ -1,13 +1,11 @@
 """Which runs may be pooled: a run's *setting* is its resolved config.yaml minus the seed and the
 keys that do not change the experiment (NOT_SETTINGS, the one place they are listed). Runs are
 pooled as seeds only when their settings are equal; any other run is shown apart, with the keys
-that differ named (DESIGN.md "Evidence").
+that differ named (docs/DESIGN.md "Evidence").
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Iterable, Mapping
 
 # Dotted config keys (a key covers everything under it) that never change what a run measures:
@@ -46,18 +44,19 @@ def setting_values(config: Mapping[str, Any], ignore: Iterable[str] = NOT_SETTIN
     return {k: v for k, v in flatten(config).items() if not _ignored(k, ignore)}
 
 
-def setting_hash(config: Mapping[str, Any], ignore: Iterable[str] = NOT_SETTINGS) -> str:
-    """12 hex digits naming the setting; equal for runs that differ only in ignored keys."""
-    text = json.dumps(setting_values(config, ignore), sort_keys=True, default=str)
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
 def differences(config: Mapping[str, Any], reference: Mapping[str, Any],
                 ignore: Iterable[str] = NOT_SETTINGS) -> dict[str, Any]:
-    """The keys where ``config``'s setting differs from ``reference``'s, with ``config``'s values
-    (a key ``reference`` has and ``config`` lacks shows as None)."""
+    """The keys both settings have where ``config``'s value differs from ``reference``'s, with
+    ``config``'s values. A key only one of them has is an option added (or dropped) since the
+    older run, whose default kept the old behaviour: it does not count as a difference."""
     a, b = setting_values(config, ignore), setting_values(reference, ignore)
-    return {k: a.get(k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+    return {k: a[k] for k in sorted(set(a) & set(b)) if a[k] != b[k]}
+
+
+def same_setting(config: Mapping[str, Any], reference: Mapping[str, Any],
+                 ignore: Iterable[str] = NOT_SETTINGS) -> bool:
+    """Whether two runs measure the same thing (and may be pooled as seeds)."""
+    return not differences(config, reference, ignore)
 
 
 def describe(diff: Mapping[str, Any]) -> str:
