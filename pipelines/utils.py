@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-# Nothing here imports torch, Lightning or transformers at module level: Hydra imports this
-# module (Preflight) before a run, and a typo must be reported in a second, not after 15 s of
-# imports. Heavy imports happen inside the functions that need them.
+# Nothing here imports torch, Lightning or transformers at module level: every entry point
+# imports this module before checking its arguments, and a typo must be reported in a second or
+# two, not after 15 s of imports. Heavy imports happen inside the functions that need them.
 if TYPE_CHECKING:
     from tape.model import ModelConfig
 
@@ -54,7 +54,7 @@ class PipelineConfigError(CompactHydraException, ValueError):
 
 
 class JobFailed(CompactHydraException):
-    """A multirun job failed; its own error was logged where it happened."""
+    """A multirun job failed; its own error was logged where it happened (printed once)."""
 
 
 # ---------------------------------------------------------------------------- command line
