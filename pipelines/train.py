@@ -63,6 +63,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     check_accelerator(cfg.trainer)
     quiet_known_noise()
     import lightning as L
+    import torch
+
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
     from lightning.pytorch.callbacks import LearningRateMonitor
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -116,9 +119,6 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Hydra entry point; returns mean_accuracy for hyperparameter sweepers."""
-    import torch
-
-    torch.set_float32_matmul_precision("high")
     return train(cfg).get("mean_accuracy")
 
 
