@@ -164,12 +164,12 @@ def task_wrapper(fn: F) -> F:
 
 
 # ---------------------------------------------------------------------------- summaries
-HEADLINE = re.compile(r"(accuracy|^ppl_|score|^f1$|^exact_match|^rouge|^val_loss$)")
+HEADLINE = re.compile(r"(accuracy|^ppl_|^passkey_|score|^f1$|^exact_match|^rouge|^val_loss$)")
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, float]:
     """The task's headline numbers: accuracies (addition), perplexities (pretraining, context
-    extension), scores (SCROLLS), and the final validation loss."""
+    extension), passkey accuracies, scores (SCROLLS), and the final validation loss."""
     return {k: float(v) for k, v in metrics.items()
             if HEADLINE.search(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 

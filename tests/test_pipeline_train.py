@@ -230,3 +230,15 @@ def test_progress_bar_counts_steps_across_a_resume(make_cfg, capsys) -> None:
     out = capsys.readouterr().out
     assert re.search(r"Training steps\s.*\b6/6\b", out), out
     assert "Epoch" not in out and "/-" not in out
+
+
+def test_the_summary_shows_each_tasks_headline_metrics() -> None:
+    """Issue 14.10: the last line showed only keys containing "accuracy"."""
+    from pipelines.utils import headline
+
+    pretrain = {"task": "pretrain", "ppl_1x": 91.8, "ppl_4x": 97.3, "val_loss": 4.5, "train_time_s": 60.0}
+    scrolls = {"task": "scrolls", "scrolls_score": 12.5, "f1": 12.5, "steps": 100}
+    extend = {"ppl_books_512_tape": 80.5, "passkey_512_tape": 0.2, "time_eval_tape_s": 3.0}
+    assert headline(pretrain) == {"ppl_1x": 91.8, "ppl_4x": 97.3, "val_loss": 4.5}
+    assert headline(scrolls) == {"scrolls_score": 12.5, "f1": 12.5}
+    assert headline(extend) == {"ppl_books_512_tape": 80.5, "passkey_512_tape": 0.2}

@@ -473,7 +473,7 @@ def test_runs_that_differ_in_more_than_the_seed_are_never_pooled(tmp_path: Path)
     rows = read_csv(out / "tables/addition_smoke.csv")
     mean_col = next(c for c in rows["TAPE"] if c.endswith("mean accuracy (%)"))
     assert rows["TAPE"]["seeds"] == "2" and float(rows["TAPE"][mean_col]) == 15.0
-    apart = rows["tape [trainer.max_steps=600]"]
+    apart = rows["TAPE [trainer.max_steps=600]"]
     assert apart["seeds"] == "1" and float(apart[mean_col]) == 90.0
     md = (out / "README.md").read_text()
     assert "6 training steps" in md and "never pooled as seeds" in md
