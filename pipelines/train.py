@@ -20,9 +20,8 @@ from omegaconf import DictConfig
 from pipelines.tasks import get_task
 from pipelines.utils import (
     check_accelerator, check_run_dir_new, check_trainer, claim_run_dir, drop_wandb_anonymous,
-    instantiate_group,
-    is_rank_zero, job_log_name, model_config, quiet_known_noise, resolve_ckpt_path, run_entry,
-    start_log_file, task_wrapper, write_json_once,
+    instantiate_group, is_rank_zero, job_log_name, model_config, quiet_known_noise,
+    resolve_ckpt_path, run_entry, start_log_file, task_wrapper, write_json_once,
 )
 
 if TYPE_CHECKING:  # torch and Lightning are imported after the config checks (a typo reports fast)

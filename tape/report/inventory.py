@@ -83,7 +83,7 @@ def summary_table(runs: list[Run], scales: Iterable[str], stamp: str) -> Table:
                  rows=rows, digits=1,
                  notes=["Every run directory is listed in [runs.csv](runs.csv). Unfinished runs "
                         "(no metrics.json) never contribute a number; of several finished runs of "
-                        "the same experiment, PE, seed and setting the newest is used; runs whose settings differ "
-                        "in more than the seed are shown apart (column `used` of runs.csv). Smoke-scale runs are "
-                        "tests, not results, and are not rendered."],
+                        "the same experiment, PE, seed and setting the newest is used; runs whose "
+                        "settings differ in more than the seed are shown apart (column `used` of "
+                        "runs.csv). Smoke-scale runs are tests, not results, and are not rendered."],
                  provenance=stamp)
