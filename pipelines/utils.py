@@ -264,17 +264,19 @@ def drop_wandb_anonymous(loggers: list[Any]) -> None:
 
 
 # ---------------------------------------------------------------------------- preflight
-def check_writable(path: str | Path, key: str) -> None:
-    """Create ``path`` (a folder) if needed and prove it writable, or fail naming ``key``."""
+def check_writable(path: str | Path, key: str, value: str | Path | None = None) -> None:
+    """Create ``path`` (a folder) if needed and prove it writable, or fail naming ``key`` (set
+    to ``value``, by default ``path``)."""
     folder = Path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
             pass
     except OSError as err:
+        where = "" if value is None else f" ({folder})"
         raise PipelineConfigError(
-            f"{key}={path} is not a writable folder ({err.strerror or err}); point {key} at a "
-            f"folder you can write, e.g. {key}=$HOME/tape-runs"
+            f"{key}={value or path}: not a writable folder{where}: {err.strerror or err}; point "
+            f"{key} at a folder you can write, e.g. {key}=$HOME/tape-runs"
         ) from None
 
 
@@ -328,7 +330,10 @@ def preflight(config_name: str, argv: list[str]) -> None:
     if runs_dir:
         check_writable(runs_dir, "paths.runs_dir")
     if run_dir:
-        check_run_dir_new(Path(str(run_dir)))
+        run_dir = Path(str(run_dir))
+        check_run_dir_new(run_dir)
+        if not (runs_dir and run_dir.resolve().is_relative_to(Path(str(runs_dir)).resolve())):
+            check_writable(run_dir.parent, "hydra.run.dir", run_dir)  # a run outside paths.runs_dir
 
 
 # ---------------------------------------------------------------------------- run directories

@@ -70,7 +70,7 @@ def test_an_unwritable_runs_dir_is_one_message_naming_the_key(tmp_path: Path) ->
         out = cli(argv, tmp_path)
         assert out.returncode == 1
         assert out.stderr.startswith("paths.runs_dir=") and len(out.stderr.splitlines()) == 1
-        assert "is not a writable folder" in out.stderr
+        assert ": not a writable folder" in out.stderr
         assert "Traceback" not in out.stderr
 
 
