@@ -59,7 +59,7 @@ def would_lose(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_d
     if lost:
         problems.append(f"{out_dir / 'runs.csv'} has numbers for {len(lost)} experiment/PE pair(s) "
                         f"with no finished run under {where}: "
-                        + ", ".join(f"{e} {pe}" for e, pe in lost[:6]) + (" ..." if len(lost) > 6 else ""))
+                        + ", ".join(f"{e} {pe}" for e, pe in lost[:6]) + (f" (+{len(lost) - 6} more)" if len(lost) > 6 else ""))
     return problems
 
 
