@@ -566,7 +566,8 @@ def check_resumable(cfg: DictConfig, ckpt: Path, key: str = "ckpt_path") -> None
     if run is not None and (run / "metrics.json").is_file():
         raise PipelineConfigError(
             f"{key}={value}: {run} finished (metrics.json); there is nothing to resume. Drop "
-            f"{key} to train a new run (a finished run is never continued or rewritten)"
+            f"{key} to train a new run (a finished run is never continued or rewritten), or pass "
+            f"{key}=<the directory of an unfinished run>"
         )
     if run is not None and (run / "config.yaml").is_file():
         saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=False)
