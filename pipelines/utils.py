@@ -465,9 +465,19 @@ def check_position_range(mc: ModelConfig, eval_len: int, eval_key: str) -> None:
             )
 
 
+def require_int(cfg: DictConfig, *keys: str) -> None:
+    """Each dotted key holds an integer (``seed=abc`` is named here, not by a traceback)."""
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PipelineConfigError(f"{key}={value!r} must be an integer")
+
+
 def check_trainer(cfg: DictConfig) -> None:
     """The last step must be validated (so last.ckpt and metrics hold the final model), and
     checkpoints must fall on optimizer steps (so a resumed run replays exactly)."""
+    require_int(cfg, "seed", "trainer.max_steps", "trainer.val_check_interval",
+                "trainer.accumulate_grad_batches")
     t = cfg.trainer
     steps, every, accum = int(t.max_steps), int(t.val_check_interval), int(t.accumulate_grad_batches)
     if steps < 1 or every < 1 or accum < 1:

@@ -86,3 +86,11 @@ def test_resume_progress_counts_steps_not_epochs(tmp_path: Path) -> None:
         assert noise not in both, noise
     assert both.count("GPU available") == 1  # Lightning's lines printed once, not twice
     assert "---- train done: experiment=addition/smoke pe=rope seed=0" in both
+
+
+@pytest.mark.parametrize("override", ["seed=abc", "trainer.max_steps=abc", "task.max_digits=x"])
+def test_a_value_of_the_wrong_type_is_named_not_a_traceback(override: str, tmp_path: Path) -> None:
+    out = cli(["experiment=addition/smoke", "logger=csv", override], tmp_path)
+    key, value = override.split("=")
+    assert out.returncode == 1
+    assert f"{key}='{value}' must be an integer" in out.stderr and "Traceback" not in out.stderr

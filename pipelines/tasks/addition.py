@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config
+from pipelines.utils import PipelineConfigError, check_position_range, model_config, require_int
 
 if TYPE_CHECKING:  # torch-based; imported where used, after the cheap config checks
     from tape.lightning import AdditionDataModule
@@ -17,7 +17,9 @@ if TYPE_CHECKING:  # torch-based; imported where used, after the cheap config ch
 def validate(cfg: DictConfig) -> None:
     """Every impossible addition setting, before anything trains."""
     t = cfg.task
-    for key in ("max_digits", "eval_max_digits", "examples_per_cell", "batch_size", "val_examples"):
+    ints = ("max_digits", "eval_max_digits", "examples_per_cell", "batch_size", "val_examples")
+    require_int(cfg, *(f"task.{key}" for key in (*ints, "seq_len", "eval_seed", "eval_batch_size")))
+    for key in ints:
         if int(t[key]) < 1:
             raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
     if t.eval_max_digits < t.max_digits:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 from omegaconf import DictConfig
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config
+from pipelines.utils import PipelineConfigError, check_position_range, model_config, require_int
 
 if TYPE_CHECKING:  # torch-based; imported where used, after the config checks
     from tape.data.text import TextData, TokenBlockStream
@@ -38,7 +38,9 @@ def validate(cfg: DictConfig) -> None:
     t = cfg.task
     if t.corpus not in CORPORA:
         raise PipelineConfigError(f"task.corpus={t.corpus!r}; choose one of {list(CORPORA)}")
-    for key in ("seq_len", "batch_size", "val_blocks", "eval_max_windows", "eval_stride"):
+    ints = ("seq_len", "batch_size", "val_blocks", "eval_max_windows", "eval_stride")
+    require_int(cfg, *(f"task.{key}" for key in (*ints, "vocab_size")))
+    for key in ints:
         if int(t[key]) < 1:
             raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
     if int(t.seq_len) < 2:
