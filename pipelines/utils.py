@@ -553,11 +553,11 @@ def read_checkpoint_step(path: Path, key: str = "ckpt_path") -> int:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as err:  # noqa: BLE001 - any failure to read means "not a checkpoint"
-        raise PipelineConfigError(
-            f"{key}={path} is not a readable Lightning checkpoint ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:120]}); pass another checkpoint or run directory, or "
-            f"drop {key} to start afresh"
-        ) from None
+        raise PipelineConfigError(  # torch's own error: HYDRA_FULL_ERROR=1
+            f"{key}={path} is not a readable Lightning checkpoint (damaged, truncated or not "
+            f"written by torch.save; {type(err).__name__}); pass another checkpoint or run "
+            f"directory, or drop {key} to start afresh"
+        ) from err
     if not isinstance(state, dict) or not {"state_dict", "global_step"} <= set(state):
         raise PipelineConfigError(
             f"{key}={path} is not a Lightning checkpoint (no state_dict / global_step); pass a "
