@@ -35,8 +35,8 @@ bench:  ## Efficiency benchmark (CPU, a few minutes): writes results/efficiency.
 reproduce-table:  ## Run every experiment at PROFILE=cpu (JOBS=2 runs at once, SEEDS=0 or e.g. SEEDS="0 1"; skips finished runs) or print PROFILE=paper's commands; then render results/
 	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS) --seeds $(SEEDS)
 
-report:  ## Render results/ (tables, figures, runs.csv) from the run directories, never W&B
-	$(BIN)/python -m pipelines.report
+report:  ## Render results/ from runs/ (never W&B); refuses to replace numbers with "not run" (REPORT_ARGS=--render-empty)
+	$(BIN)/python -m pipelines.report $(REPORT_ARGS)
 
 notebook:  ## Execute notebooks/results.ipynb on results/; the copy with its figures goes to runs/notebook/
 	mkdir -p runs/notebook

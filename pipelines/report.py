@@ -1,5 +1,10 @@
 """Render results/ from the run directories (never W&B):
-``python -m pipelines.report [--runs runs] [--out results] [--scale cpu --scale paper]``.
+``python -m pipelines.report [--runs runs] [--out results] [--scale cpu --scale paper]
+[--render-empty]``.
+
+Refuses (exit 1, writing nothing) when a rendered scale has no finished run, or when a number
+in the output's runs.csv has no finished run behind it any more (a fresh clone has no runs/):
+the committed results are never replaced by "not run" unless --render-empty asks for it.
 
 Writes results/README.md (every table beside the paper's numbers, with provenance),
 results/tables/*.csv and *.tex, results/figures/*.png and results/runs.csv. See tape/report/.
@@ -8,10 +13,11 @@ results/tables/*.csv and *.tex, results/figures/*.png and results/runs.csv. See 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Sequence
 
-from tape.report.render import render
+from tape.report.render import WouldLoseResults, render
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -22,12 +28,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scale", action="append", dest="scales", metavar="SCALE",
                         help="render this scale (repeatable); default: cpu and every scale found "
                              "except smoke")
+    parser.add_argument("--render-empty", action="store_true",
+                        help="render even where that writes \"not run\" over existing numbers")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    done = render(args.runs, args.out, args.scales)
+    try:
+        done = render(args.runs, args.out, args.scales, allow_empty=args.render_empty)
+    except WouldLoseResults as err:
+        print(f"pipelines.report: refusing to render into {args.out}/ (nothing written): {err}.\n"
+              f"Point --runs at the run directories, or pass --render-empty to write \"not run\" "
+              f"cells anyway (make report REPORT_ARGS=--render-empty).", file=sys.stderr)
+        return 1
     print(f"wrote {len(done.files)} files under {args.out}/ (see {args.out / 'README.md'})")
     return 0
 

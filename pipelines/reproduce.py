@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 from tape.data.scrolls import ScrollsDataError, local_files
 from tape.report.paper import ADDITION_PES, PRETRAIN_PES, SCROLLS_ORDER, SCROLLS_PES
-from tape.report.render import render
+from tape.report.render import WouldLoseResults, render
 from tape.report.runs import Run, find_runs, latest_finished
 
 PROFILES = ("cpu", "paper")
@@ -377,7 +377,11 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
     if not args.no_report and not args.dry_run:
         if publish_benchmark(args.runs, args.profile, args.out):
             print(f"benchmark: {bench_dir(args.runs, args.profile)}/efficiency.{{md,json}} copied to {args.out}/")
-        done = render(args.runs, args.out)  # cpu and every other scale that has runs
+        try:
+            done = render(args.runs, args.out)  # cpu and every other scale that has runs
+        except WouldLoseResults as err:
+            print(f"report: not rendered, {args.out}/ left as it was: {err}", file=sys.stderr)
+            return 1
         print(f"report: {len(done.files)} files under {args.out}/ ({args.out / 'README.md'})")
     return 0
 

@@ -12,26 +12,30 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import hydra
-import lightning as L
-import torch
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from omegaconf import DictConfig
 
 from pipelines import wandb_log
 from pipelines.tasks import get_task
 from pipelines.utils import (
-    check_trainer, claim_run_dir, instantiate_group, is_rank_zero, model_config,
-    resolve_ckpt_path, task_wrapper, unknown_choice, write_json_once,
+    check_accelerator, check_run_dir_new, check_trainer, claim_run_dir,
+    instantiate_group, is_rank_zero, job_log_name, model_config, quiet_known_noise,
+    resolve_ckpt_path, run_entry, start_log_file, task_wrapper, write_json_once,
 )
-from tape.lightning import CausalLMModule
+
+if TYPE_CHECKING:  # torch and Lightning are imported after the config checks (a typo reports fast)
+    from lightning.pytorch.callbacks import Callback
+
+    from tape.lightning import CausalLMModule
 
 log = logging.getLogger("pipelines.train")
 
 
 def build_module(cfg: DictConfig) -> CausalLMModule:
+    from tape.lightning import CausalLMModule
+
     o = cfg.optim
     return CausalLMModule(
         model=model_config(cfg).to_dict(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
@@ -42,20 +46,34 @@ def build_module(cfg: DictConfig) -> CausalLMModule:
 
 @task_wrapper
 def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
-    """Check the config, train, evaluate on rank 0, write metrics.json; return the metrics."""
+    """Check the config, train, evaluate on rank 0, write metrics.json; return the metrics.
+
+    Every check that can fail (config values, the checkpoint to resume, the accelerator, the
+    data) runs before the run directory is claimed, so a failed try leaves nothing behind."""
     t_start = time.perf_counter()
     run_dir = Path(cfg.paths.output_dir)
+    if is_rank_zero():
+        check_run_dir_new(run_dir)  # fails fast; the claim below is what makes it this run's
     task = get_task(cfg.task.name)
     check_trainer(cfg)
     if hasattr(task, "prepare"):  # e.g. fine-tuning adopts its pretrained run's model config
         task.prepare(cfg)
     task.validate(cfg)  # every config error surfaces here, before any training
     ckpt = resolve_ckpt_path(cfg, run_dir)
+    check_accelerator(cfg.trainer)
+    quiet_known_noise()
+    import lightning as L
+    import torch
+
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = task.datamodule(cfg)  # finds (or builds) the data: missing data fails here
     if is_rank_zero():
         claim_run_dir(run_dir, cfg, "pipelines.train")
-
-    L.seed_everything(cfg.seed, workers=True)
-    datamodule = task.datamodule(cfg)
+    else:  # DDP's extra processes log beside rank 0's files
+        start_log_file(run_dir / job_log_name())
     module = build_module(cfg)
     if ckpt is None and hasattr(task, "initialize"):  # e.g. load pretrained weights
         task.initialize(module.model, cfg)
@@ -93,18 +111,14 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
                        step=trainer.global_step)
         lg.finalize("success")
     write_json_once(run_dir / "metrics.json", metrics)
-    log.info("metrics: %s", {k: v for k, v in metrics.items() if "accuracy" in k})
     return metrics
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Hydra entry point; returns mean_accuracy for hyperparameter sweepers."""
-    torch.set_float32_matmul_precision("high")
     return train(cfg).get("mean_accuracy")
 
 
 if __name__ == "__main__":
-    if message := unknown_choice(sys.argv[1:]):
-        sys.exit(message)
-    main()
+    run_entry(main, sys.argv[1:])

@@ -9,17 +9,24 @@ import functools
 import json
 import logging
 import os
+import re
 import secrets
 import shlex
 import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from tape.bench.machine import commit_label, machine_summary
-from tape.model import ConfigError, ModelConfig
+# Nothing here imports torch, Lightning or transformers at module level: every entry point
+# imports this module before checking its arguments, and a typo must be reported in a second or
+# two, not after 15 s of imports. Heavy imports happen inside the functions that need them.
+if TYPE_CHECKING:
+    from tape.model import ModelConfig
 
 log = logging.getLogger("pipelines")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,8 +46,15 @@ CONF_DIR = REPO_ROOT / "conf"
 RUN_CLAIM = "command.txt"  # created exclusively: the run directory belongs to this run only
 
 
-class PipelineConfigError(ValueError):
-    """A config value cannot work; the message names the key (as on the command line) and the fix."""
+class PipelineConfigError(CompactHydraException, ValueError):
+    """A config value cannot work; the message names the key (as on the command line) and the fix.
+
+    Hydra prints a CompactHydraException as its message alone, once, with no traceback
+    (HYDRA_FULL_ERROR=1 shows the traceback)."""
+
+
+class JobFailed(CompactHydraException):
+    """A multirun job failed; its own error was logged where it happened (printed once)."""
 
 
 # ---------------------------------------------------------------------------- command line
@@ -81,26 +95,245 @@ def close_loggers(failed: bool = False) -> None:
             wandb.finish(exit_code=1 if failed else 0)
 
 
+def _multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:  # composed without @hydra.main (tests, notebooks)
+        return False
+
+
+def _drop_unclaimed(run_dir: Path) -> None:
+    """Remove the empty directory Hydra made for a run that failed before claiming it (so no
+    debris is counted as a run); a claimed or non-empty directory is never touched."""
+    try:
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+    except OSError:
+        pass
+
+
+# Outcomes of the jobs this process ran (the basic launcher runs a multirun's jobs here), for the
+# summary printed when the command ends.
+JOBS: list[dict[str, Any]] = []
+
+
 def task_wrapper(fn: F) -> F:
     """Run an entry task; whatever happens, close the loggers and print the run directory, so
-    one failed sweep job leaves the others alone and its outputs are easy to find."""
+    one failed sweep job leaves the others alone and its outputs are easy to find. Ends with a
+    one-screen summary of the run. A config error is raised unlogged (Hydra prints it once, with
+    no traceback); in a multirun each failed job logs its one-line error and the sweep goes on."""
 
     @functools.wraps(fn)
     def wrapped(cfg: DictConfig, *args: Any, **kwargs: Any) -> Any:
-        failed = True
+        failed, out, error = True, None, ""
+        run_dir = Path(cfg.paths.output_dir)
         try:
             out = fn(cfg, *args, **kwargs)
             failed = False
             return out
-        except Exception:
+        except PipelineConfigError as err:
+            error = str(err)
+            if _multirun():  # printed here, once; the sweep goes on and ends with a summary
+                log.error("%s", err)
+                raise JobFailed("this job failed: its error is printed above, the multirun "
+                                "summary follows") from err
+            raise
+        except Exception as err:
+            error = f"{type(err).__name__}: {err}"
             log.exception("%s failed", fn.__name__)
             raise
         finally:
             close_loggers(failed)
             if is_rank_zero():
-                print(f"run dir: {cfg.paths.output_dir}" + (" (failed)" if failed else ""), flush=True)
+                claimed = (run_dir / RUN_CLAIM).is_file()
+                if failed and not claimed:
+                    _drop_unclaimed(run_dir)
+                where = str(run_dir) if claimed else "none (the run failed its checks before claiming a directory)"
+                JOBS.append({"entry": fn.__name__, "cfg": cfg, "run_dir": where, "failed": failed,
+                             "error": error.splitlines()[0] if error else "",
+                             "metrics": out if isinstance(out, dict) else {}})
+                if not failed:
+                    print(run_summary(JOBS[-1]), flush=True)
+                print(f"run dir: {where}" + (" (failed)" if failed else ""), flush=True)
+            stop_log_files()
 
     return wrapped  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------- summaries
+HEADLINE = re.compile(r"(accuracy|^ppl_|^passkey_|score|^f1$|^exact_match|^rouge|^val_loss$)")
+
+
+def headline(metrics: dict[str, Any]) -> dict[str, float]:
+    """The task's headline numbers: accuracies (addition), perplexities (pretraining, context
+    extension), passkey accuracies, scores (SCROLLS), and the final validation loss."""
+    return {k: float(v) for k, v in metrics.items()
+            if HEADLINE.search(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _fmt(metrics: dict[str, float], limit: int = 8) -> str:
+    items = [f"{k} {v:.4g}" for k, v in list(metrics.items())[:limit]]
+    more = len(metrics) - limit
+    return ", ".join(items) + (f" (+{more} more in metrics.json)" if more > 0 else "")
+
+
+def run_summary(job: dict[str, Any]) -> str:
+    """One screen: what ran, where, its headline metrics and how long it took."""
+    cfg, m = job["cfg"], job["metrics"]
+    what = " ".join(f"{k}={v}" for k, v in (
+        ("experiment", cfg.get("experiment_name")), ("pe", (cfg.get("pe") or {}).get("name")),
+        ("seed", cfg.get("seed"))) if v is not None)
+    lines = [f"---- {job['entry']} done: {what}",
+             f"  metrics: {_fmt(headline(m)) or 'none'}"]
+    timing = [f"{k} {float(m[k]):.1f}" for k in ("steps", "train_time_s", "wall_time_s") if k in m]
+    if timing:
+        lines.append(f"  {', '.join(timing)}")
+    if m.get("resumed_from"):
+        lines.append(f"  resumed from {m['resumed_from']}")
+    return "\n".join(lines)
+
+
+def multirun_summary(jobs: list[dict[str, Any]]) -> str:
+    """One line per job of a multirun: ok / FAILED, its overrides' effect, run dir and headline."""
+    lines = [f"==== multirun: {sum(not j['failed'] for j in jobs)} of {len(jobs)} jobs finished"]
+    for i, j in enumerate(jobs):
+        cfg = j["cfg"]
+        what = f"{cfg.get('experiment_name')} pe={(cfg.get('pe') or {}).get('name')} seed={cfg.get('seed')}"
+        tail = "(its error is printed above)" if j["failed"] else _fmt(headline(j["metrics"]), limit=3)
+        lines.append(f"  [{i}] {'FAILED' if j['failed'] else 'ok':6} {what}: {tail}")
+        lines.append(f"       {j['run_dir']}")
+    return "\n".join(lines)
+
+
+def run_entry(main: Callable[[], Any], argv: list[str], config_name: str = "config") -> None:
+    """``__main__`` of an entry point: reject unknown config choices and the failures Hydra
+    would meet while creating the run directory (preflight) at once, run Hydra's ``main``, and
+    end a multirun with its summary (printed even when a job failed)."""
+    if message := unknown_choice(argv):
+        sys.exit(message)
+    try:
+        preflight(config_name, argv)
+    except PipelineConfigError as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        sys.exit(str(err))
+    try:
+        main()
+    finally:
+        if len(JOBS) > 1 or {"-m", "--multirun"} & set(argv):
+            print(multirun_summary(JOBS), flush=True)
+
+
+class _Drop(logging.Filter):
+    """Drops log records whose message contains one of ``phrases``."""
+
+    def __init__(self, *phrases: str) -> None:
+        super().__init__()
+        self.phrases = phrases
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(p in record.getMessage() for p in self.phrases)
+
+
+def quiet_known_noise() -> None:
+    """Silence what every run printed that says nothing about the run: Lightning's litlogger
+    advertisement, a pytree deprecation inside Lightning, and Lightning's second console
+    handler (each of its lines printed twice once Hydra's logging is set up). Imports Lightning."""
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    import lightning  # noqa: F401 - sets up the loggers adjusted below
+
+    if logging.getLogger().handlers:  # Hydra's (or pytest's) handlers print and record everything
+        own = logging.getLogger("lightning")
+        for handler in [h for h in own.handlers if type(h) is logging.StreamHandler]:
+            own.removeHandler(handler)
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _Drop) for f in rank_zero.filters):
+        rank_zero.addFilter(_Drop("litlogger", "Trainer already configured with model summary"))
+
+
+def drop_wandb_anonymous(loggers: list[Any]) -> None:
+    """Lightning's WandbLogger always passes ``anonymous=None`` to wandb.init, which makes W&B
+    warn that the setting has no effect; leave the argument out instead."""
+    for lg in loggers:
+        init = getattr(lg, "_wandb_init", None)
+        if isinstance(init, dict) and init.get("anonymous") is None:
+            init.pop("anonymous", None)
+
+
+# ---------------------------------------------------------------------------- preflight
+def check_writable(path: str | Path, key: str, value: str | Path | None = None) -> None:
+    """Create ``path`` (a folder) if needed and prove it writable, or fail naming ``key`` (set
+    to ``value``, by default ``path``)."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        where = "" if value is None else f" ({folder})"
+        raise PipelineConfigError(
+            f"{key}={value or path}: not a writable folder{where}: {err.strerror or err}; point "
+            f"{key} at a folder you can write, e.g. {key}=$HOME/tape-runs"
+        ) from None
+
+
+def check_run_dir_new(run_dir: Path, key: str = "hydra.run.dir") -> None:
+    """A run directory must be new: an existing, non-empty one belongs to another run."""
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        why = f"{RUN_CLAIM} exists" if (run_dir / RUN_CLAIM).exists() else "it is not empty"
+        raise PipelineConfigError(
+            f"{key}={run_dir} already belongs to another run ({why}); runs never share a "
+            f"directory, and nothing was written to it. Leave {key} at its default or point it "
+            "at a new directory."
+        )
+
+
+def _first_of_each_sweep(argv: list[str]) -> list[str]:
+    """The overrides of ``argv`` with every sweep (a,b / range(...)) cut to its first value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    for override in OverridesParser.create().parse_overrides(argv):
+        if override.is_sweep_override():
+            first = next(iter(override.sweep_string_iterator()))
+            out.append(f"{override.get_key_element()}={first}")
+        else:
+            out.append(override.input_line)
+    return out
+
+
+def preflight(config_name: str, argv: list[str]) -> None:
+    """Checks that must pass before Hydra writes anything (it creates the run directory and
+    starts its log before the task runs): ``paths.runs_dir`` is writable and ``hydra.run.dir``
+    is new. Composes the config as Hydra will; a config Hydra cannot compose is left for Hydra
+    to report. DDP's extra processes rerun the command inside rank 0's directory: not checked."""
+    if not is_rank_zero():
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    multirun = bool({"-m", "--multirun"} & set(argv))
+    overrides = [a for a in argv if not a.startswith("-")]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=_first_of_each_sweep(overrides),
+                          return_hydra_config=True)
+            runs_dir = OmegaConf.select(cfg, "paths.runs_dir")
+            run_dir = None if multirun else OmegaConf.select(cfg, "hydra.run.dir")
+    except Exception:  # noqa: BLE001 - Hydra reports a config it cannot compose, with context
+        return
+    finally:
+        GlobalHydra.instance().clear()
+    if runs_dir:
+        check_writable(runs_dir, "paths.runs_dir")
+    if run_dir:
+        run_dir = Path(str(run_dir))
+        check_run_dir_new(run_dir)
+        if not (runs_dir and run_dir.resolve().is_relative_to(Path(str(runs_dir)).resolve())):
+            check_writable(run_dir.parent, "hydra.run.dir", run_dir)  # a run outside paths.runs_dir
 
 
 # ---------------------------------------------------------------------------- run directories
@@ -117,7 +350,10 @@ def job_command(entry: str) -> str:
 
 def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
     """Make ``run_dir`` this run's own: create command.txt exclusively (fail if another run has
-    it), then save the resolved config. Nothing that was there is ever overwritten."""
+    it), then save the resolved config, Hydra's record (.hydra/) and start the log file. Nothing
+    that was there is ever overwritten."""
+    from tape.bench.machine import commit_label, machine_summary
+
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         with open(run_dir / RUN_CLAIM, "x") as f:
@@ -127,11 +363,65 @@ def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
             f.write(f"# machine: {machine_summary()}\n")
     except FileExistsError:
         raise PipelineConfigError(
-            f"{run_dir} already belongs to another run ({RUN_CLAIM} exists); runs never share a "
-            "directory. Leave hydra.run.dir at its default or point it at a new directory."
+            f"hydra.run.dir={run_dir} already belongs to another run ({RUN_CLAIM} exists); runs "
+            "never share a directory. Leave hydra.run.dir at its default or point it at a new "
+            "directory."
         ) from None
     with open(run_dir / "config.yaml", "x") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
+    record_hydra(run_dir, cfg)
+
+
+def record_hydra(run_dir: Path, cfg: DictConfig) -> None:
+    """What Hydra would have written at start (conf/hydra/default.yaml turns that off so that
+    nothing is written before the claim): .hydra/{config,hydra,overrides}.yaml and the job's
+    log file <job name>.log. No-op outside @hydra.main or when Hydra wrote them itself."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get()
+    except ValueError:
+        return
+    if hydra_cfg.output_subdir is None:
+        out = run_dir / ".hydra"
+        out.mkdir(exist_ok=True)
+        for name, node in (("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                           ("overrides.yaml", hydra_cfg.overrides.task)):
+            with open(out / name, "x") as f:
+                f.write(OmegaConf.to_yaml(node))
+    start_log_file(run_dir / job_log_name())
+
+
+_LOG_FILES: list[logging.Handler] = []
+
+
+def start_log_file(path: Path) -> None:
+    """Log to ``path`` until the task ends, as Hydra's file handler would (unless one is active)."""
+    root = logging.getLogger()
+    if any(isinstance(h, logging.FileHandler) for h in root.handlers):
+        return
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    root.addHandler(handler)
+    _LOG_FILES.append(handler)
+
+
+def stop_log_files() -> None:
+    """Close the log files start_log_file opened (each multirun job has its own)."""
+    while _LOG_FILES:
+        handler = _LOG_FILES.pop()
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def job_log_name() -> str:
+    """<job name>.log: train.log, or train_ddp_process_<rank>.log in DDP's extra processes."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return f"{HydraConfig.get().job.name}.log"
+    except ValueError:
+        return "run.log"
 
 
 def write_json_once(path: Path, values: dict[str, Any]) -> None:
@@ -145,6 +435,8 @@ def write_json_once(path: Path, values: dict[str, Any]) -> None:
 def model_config(cfg: DictConfig) -> ModelConfig:
     """ModelConfig from the ``model`` (sizes) and ``pe`` (encoding + options) groups. Problems
     are reported with the command-line keys (``model.d_model``, ``pe.randpe_max_position``)."""
+    from tape.model import ConfigError, ModelConfig
+
     pe = OmegaConf.to_container(cfg.pe, resolve=True)
     name = pe.pop("name")
     model = OmegaConf.to_container(cfg.model, resolve=True)
@@ -176,6 +468,8 @@ def check_position_range(mc: ModelConfig, eval_len: int, eval_key: str) -> None:
 def check_model_positions(model: Any, eval_len: int, eval_key: str) -> None:
     """:func:`check_position_range` for a built model: our DecoderLM carries its config
     (``model.cfg``); other models (Hugging Face) have no trained position range to check."""
+    from tape.model import ModelConfig
+
     mc = getattr(model, "cfg", None)
     if isinstance(mc, ModelConfig):
         check_position_range(mc, eval_len, eval_key)
@@ -189,9 +483,19 @@ def evaluation_only(task: str) -> None:
     )
 
 
+def require_int(cfg: DictConfig, *keys: str) -> None:
+    """Each dotted key holds an integer (``seed=abc`` is named here, not by a traceback)."""
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PipelineConfigError(f"{key}={value!r} must be an integer")
+
+
 def check_trainer(cfg: DictConfig) -> None:
     """The last step must be validated (so last.ckpt and metrics hold the final model), and
     checkpoints must fall on optimizer steps (so a resumed run replays exactly)."""
+    require_int(cfg, "seed", "trainer.max_steps", "trainer.val_check_interval",
+                "trainer.accumulate_grad_batches")
     t = cfg.trainer
     steps, every, accum = int(t.max_steps), int(t.val_check_interval), int(t.accumulate_grad_batches)
     if steps < 1 or every < 1 or accum < 1:
@@ -217,27 +521,123 @@ def instantiate_group(group: DictConfig | None) -> list[Any]:
     return [instantiate(node) for node in group.values() if node and "_target_" in node]
 
 
+def check_accelerator(trainer: DictConfig) -> None:
+    """``trainer.accelerator`` / ``trainer.devices`` name hardware this machine has."""
+    import torch
+
+    acc, devices = str(trainer.get("accelerator", "cpu")), trainer.get("devices", 1)
+    if acc in ("gpu", "cuda"):
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise PipelineConfigError(
+                f"trainer.accelerator={acc} but this machine has no usable CUDA GPU "
+                "(torch.cuda.is_available() is False); use trainer=cpu, or run where there is a GPU"
+            )
+        wanted = list(devices) if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices) else []
+        if any(int(i) >= n for i in wanted) or (isinstance(devices, int) and devices > n):
+            raise PipelineConfigError(
+                f"trainer.devices={devices}: this machine has {n} GPU(s) (indices 0..{n - 1}); "
+                "pick with trainer.devices=[i] or CUDA_VISIBLE_DEVICES"
+            )
+    elif acc == "mps" and not (torch.backends.mps.is_available()):
+        raise PipelineConfigError("trainer.accelerator=mps but MPS is not available; use trainer=cpu")
+
+
+# Keys a resumed run may change: where outputs go and how they are logged (plus ckpt_path
+# itself). The seed is not among them: a resumed run must replay the same data order.
+RESUME_MAY_DIFFER = ("paths", "hydra", "logger", "callbacks", "ckpt_path", "evaluate",
+                     "trainer.default_root_dir", "trainer.enable_progress_bar",
+                     "trainer.enable_model_summary", "trainer.log_every_n_steps")
+
+
+def _newest_run_checkpoint(cfg: DictConfig, run_dir: Path) -> Path:
+    """checkpoints/last.ckpt of the newest earlier run of this experiment, PE and seed."""
+    pattern = f"{cfg.experiment_name}/{cfg.pe.name}/{cfg.seed}/*/checkpoints/last.ckpt"
+    found = [p for p in Path(cfg.paths.runs_dir).glob(pattern)
+             if p.resolve().parents[1] != run_dir.resolve()]
+    if not found:
+        raise PipelineConfigError(
+            f"ckpt_path=last: no {Path(cfg.paths.runs_dir) / pattern} to resume; train first "
+            "or pass ckpt_path=<run dir or .ckpt file>"
+        )
+    return max(found, key=lambda p: (p.parents[1].name, p.stat().st_mtime))
+
+
+def read_checkpoint_step(path: Path, key: str = "ckpt_path") -> int:
+    """The global step of a Lightning checkpoint; fails naming ``key`` when the file is not one
+    (truncated, corrupt, or some other file), instead of torch's unpickling advice."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as err:  # noqa: BLE001 - any failure to read means "not a checkpoint"
+        raise PipelineConfigError(  # torch's own error: HYDRA_FULL_ERROR=1
+            f"{key}={path} is not a readable Lightning checkpoint (damaged, truncated or not "
+            f"written by torch.save; {type(err).__name__}); pass another checkpoint or run "
+            f"directory, or drop {key} to start afresh"
+        ) from err
+    if not isinstance(state, dict) or not {"state_dict", "global_step"} <= set(state):
+        raise PipelineConfigError(
+            f"{key}={path} is not a Lightning checkpoint (no state_dict / global_step); pass a "
+            "checkpoints/*.ckpt file written by pipelines.train"
+        )
+    return int(state["global_step"])
+
+
+def check_resumable(cfg: DictConfig, ckpt: Path, key: str = "ckpt_path") -> None:
+    """A checkpoint can be resumed by this config: its run has not finished, its saved config
+    differs from this one only in RESUME_MAY_DIFFER, and it is short of trainer.max_steps."""
+    from tape.report.settings import describe, differences
+
+    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+    value = cfg.get("ckpt_path")
+    if run is not None and (run / "metrics.json").is_file():
+        raise PipelineConfigError(
+            f"{key}={value}: {run} finished (metrics.json); there is nothing to resume. Drop "
+            f"{key} to train a new run (a finished run is never continued or rewritten), or pass "
+            f"{key}=<the directory of an unfinished run>"
+        )
+    if run is not None and (run / "config.yaml").is_file():
+        saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=False)
+        now = OmegaConf.to_container(cfg, resolve=True)
+        diff = differences(now, saved, RESUME_MAY_DIFFER)
+        if diff:
+            was = {k: _get(saved, k) for k in diff}
+            raise PipelineConfigError(
+                f"{key}={value}: {ckpt} was trained with a different config; this run sets "
+                f"{describe(diff)} where it had {describe(was)}. Resume with the same settings "
+                f"(only {', '.join(RESUME_MAY_DIFFER[:4])} ... may change) or drop {key}"
+            )
+    step = read_checkpoint_step(ckpt, key)
+    if step >= int(cfg.trainer.max_steps):
+        raise PipelineConfigError(
+            f"{key}={value}: {ckpt} is at step {step}, and trainer.max_steps={cfg.trainer.max_steps}; "
+            "nothing is left to train"
+        )
+
+
+def _get(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
 def resolve_ckpt_path(cfg: DictConfig, run_dir: Path) -> Path | None:
     """``ckpt_path``: null = fresh start; ``last`` = checkpoints/last.ckpt of the newest earlier
-    run of this experiment, PE and seed; a run directory; or a .ckpt file."""
+    run of this experiment, PE and seed; a run directory; or a .ckpt file. The checkpoint is
+    checked (check_resumable) before anything is written."""
     value = cfg.get("ckpt_path")
     if value in (None, ""):
         return None
     if value == "last":
-        pattern = f"{cfg.experiment_name}/{cfg.pe.name}/{cfg.seed}/*/checkpoints/last.ckpt"
-        found = [p for p in Path(cfg.paths.runs_dir).glob(pattern)
-                 if p.resolve().parents[1] != run_dir.resolve()]
-        if not found:
+        path = _newest_run_checkpoint(cfg, run_dir)
+    else:
+        path = Path(value)
+        if path.is_dir():
+            path = path / "checkpoints" / "last.ckpt"
+        if not path.is_file():
             raise PipelineConfigError(
-                f"ckpt_path=last: no {Path(cfg.paths.runs_dir) / pattern} to resume; train first "
-                "or pass ckpt_path=<run dir or .ckpt file>"
+                f"ckpt_path={value}: {path} does not exist; pass last, a run directory or a .ckpt file"
             )
-        return max(found, key=lambda p: p.stat().st_mtime)
-    path = Path(value)
-    if path.is_dir():
-        path = path / "checkpoints" / "last.ckpt"
-    if not path.is_file():
-        raise PipelineConfigError(
-            f"ckpt_path={value}: {path} does not exist; pass last, a run directory or a .ckpt file"
-        )
+    check_resumable(cfg, path)
     return path

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.utils import instantiate_group
+from pipelines.utils import drop_wandb_anonymous, instantiate_group
 
 Row = dict[str, Any]
 
@@ -105,6 +105,7 @@ def open_loggers(cfg: DictConfig, ckpt: Path | None = None) -> list[Any]:
         values["wandb"].update(id=resume, resume="allow")
         group = OmegaConf.create(values)
     loggers = instantiate_group(group)
+    drop_wandb_anonymous(loggers)  # before the first wandb.init, which log_config triggers
     log_config(loggers, cfg)
     return loggers
 

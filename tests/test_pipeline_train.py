@@ -151,3 +151,96 @@ def test_every_addition_preset_runs_end_to_end_when_shrunk(preset: str, make_cfg
     metrics = train(cfg)
     assert metrics["steps"] == 1 and metrics["scale"] == preset.split("/")[-1]
     assert metrics["n_cells"] == cfg.task.eval_max_digits ** 2
+
+
+# ---------------------------------------------------------------------------- issue 14
+def test_ckpt_path_last_refuses_a_finished_run(make_cfg, tmp_path: Path) -> None:
+    """Issue 14.3: after a finished seed-5 run, seed=5 ckpt_path=last must not write a new
+    "finished" run without val metrics or checkpoints."""
+    train(make_cfg("seed=5", "trainer.max_steps=12", "trainer.val_check_interval=6"))
+    again = make_cfg("seed=5", "ckpt_path=last", name="again")
+    with pytest.raises(PipelineConfigError, match=r"ckpt_path=last: .* finished \(metrics.json\)"):
+        train(again)
+    assert not Path(again.paths.output_dir).exists()
+
+
+def test_resume_refuses_a_checkpoint_of_another_config_naming_the_keys(make_cfg, tmp_path: Path) -> None:
+    common = ("pe=rope", "trainer.max_steps=6", "trainer.val_check_interval=2")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*common, name="killed"), extra_callbacks=[Kill(at_step=4)])
+    other = make_cfg(*common, "ckpt_path=last", "optim.lr=3e-3", "logger=csv", name="other")
+    with pytest.raises(PipelineConfigError, match=r"optim\.lr=0\.003 where it had optim\.lr=0\.001"):
+        train(other)
+    assert not Path(other.paths.output_dir).exists()
+    # logging and output paths may differ: this resumes
+    resumed = train(make_cfg(*common, "ckpt_path=last", "logger=csv", name="resumed"))
+    assert resumed["steps"] == 6 and resumed["resumed_from"].endswith("killed/checkpoints/last.ckpt")
+
+
+def test_a_corrupt_checkpoint_is_named_by_its_key_before_anything_is_written(make_cfg, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"not a checkpoint at all" * 10)
+    cfg = make_cfg(f"ckpt_path={bad}")
+    with pytest.raises(PipelineConfigError) as err:
+        train(cfg)
+    message = str(err.value)
+    assert message.startswith(f"ckpt_path={bad} is not a readable Lightning checkpoint")
+    assert "weights_only" not in message and "issue" not in message
+    assert not Path(cfg.paths.output_dir).exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_gpu_trainer_without_a_gpu_fails_before_the_run_dir_is_claimed(make_cfg) -> None:
+    cfg = make_cfg("trainer=gpu")
+    with pytest.raises(PipelineConfigError, match="trainer.accelerator=gpu .* no usable CUDA GPU"):
+        train(cfg)
+    assert not Path(cfg.paths.output_dir).exists()
+
+
+def test_gpu_checks_by_their_decisions_with_a_faked_device_count(monkeypatch) -> None:
+    """The accelerator check on a (faked) 2-GPU machine: indices past the count are refused."""
+    from pipelines.utils import check_accelerator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_accelerator(OmegaConf.create({"accelerator": "gpu", "devices": [1]}))
+    with pytest.raises(PipelineConfigError, match=r"trainer.devices=\[2\]: this machine has 2 GPU"):
+        check_accelerator(OmegaConf.create({"accelerator": "gpu", "devices": [2]}))
+
+
+def test_a_run_ends_with_a_summary_of_its_headline_metrics(make_cfg, capsys) -> None:
+    cfg = make_cfg("pe=nope")
+    metrics = train(cfg)
+    out = capsys.readouterr().out
+    assert "---- train done: experiment=addition/smoke pe=nope seed=0" in out
+    assert f"mean_accuracy {metrics['mean_accuracy']:.4g}" in out and "val_loss" in out
+
+
+def test_progress_bar_counts_steps_across_a_resume(make_cfg, capsys) -> None:
+    """Issue 14.10: "Epoch 0/-2", and "600/499" on the bar after a resume."""
+    def with_bar(*overrides: str, name: str):
+        cfg = make_cfg("pe=rope", "trainer.max_steps=6", "trainer.val_check_interval=2", *overrides, name=name)
+        with open_dict(cfg):
+            cfg.callbacks.rich_progress_bar = {"_target_": "pipelines.callbacks.StepProgressBar"}
+            cfg.trainer.enable_progress_bar = True
+        return cfg
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(with_bar(name="killed"), extra_callbacks=[Kill(at_step=4)])
+    capsys.readouterr()
+    train(with_bar("ckpt_path=last", name="resumed"))
+    out = capsys.readouterr().out
+    assert re.search(r"Training steps\s.*\b6/6\b", out), out
+    assert "Epoch" not in out and "/-" not in out
+
+
+def test_the_summary_shows_each_tasks_headline_metrics() -> None:
+    """Issue 14.10: the last line showed only keys containing "accuracy"."""
+    from pipelines.utils import headline
+
+    pretrain = {"task": "pretrain", "ppl_1x": 91.8, "ppl_4x": 97.3, "val_loss": 4.5, "train_time_s": 60.0}
+    scrolls = {"task": "scrolls", "scrolls_score": 12.5, "f1": 12.5, "steps": 100}
+    extend = {"ppl_books_512_tape": 80.5, "passkey_512_tape": 0.2, "time_eval_tape_s": 3.0}
+    assert headline(pretrain) == {"ppl_1x": 91.8, "ppl_4x": 97.3, "val_loss": 4.5}
+    assert headline(scrolls) == {"scrolls_score": 12.5, "f1": 12.5}
+    assert headline(extend) == {"ppl_books_512_tape": 80.5, "passkey_512_tape": 0.2}

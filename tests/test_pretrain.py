@@ -174,3 +174,28 @@ def test_linear_schedule_warms_up_then_decays_to_the_floor() -> None:
     assert lr_factor(110, 10, 110, "linear", 0.001) == pytest.approx(0.001)
     with pytest.raises(ValueError, match="optim.schedule"):
         lr_factor(20, 10, 110, "polynomial", 0.0)
+
+
+def test_a_slow_data_build_says_what_it_is_doing(monkeypatch, tmp_path, caplog) -> None:
+    """Issue 14.10: the first books build took 47 s and printed nothing."""
+    import logging
+    import time
+
+    from omegaconf import OmegaConf
+
+    import pipelines.tasks.pretrain as pretrain_task
+    import tape.data.text as text
+
+    monkeypatch.setattr(pretrain_task, "BUILD_NOTICE_S", 0.05)
+    monkeypatch.setattr(text, "prepare_text_data", lambda *a, **k: time.sleep(0.3) or "data")
+    t = OmegaConf.create({"data_dir": str(tmp_path), "vocab_size": 300, "heldout_percent": 20})
+    with caplog.at_level(logging.INFO, logger="pipelines.pretrain"):
+        assert pretrain_task._books(t) == "data"
+    said = caplog.text
+    assert f"building the tokenizer and token files under task.data_dir={tmp_path}" in said
+    assert "books corpus ready in" in said
+    caplog.clear()
+    monkeypatch.setattr(text, "prepare_text_data", lambda *a, **k: "data")  # already built
+    with caplog.at_level(logging.INFO, logger="pipelines.pretrain"):
+        pretrain_task._books(t)
+    assert "books corpus" not in caplog.text

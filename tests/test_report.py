@@ -22,7 +22,7 @@ from tape.metrics.arithmetic import Cell
 from tape.report import scrolls as scrolls_report
 from tape.report.heatmap import plot_panel, pool_seeds
 from tape.report.provenance import provenance_line
-from tape.report.render import render, scales_to_render
+from tape.report.render import WouldLoseResults, render, scales_to_render
 from tape.report.runs import find_runs, latest_finished
 from tape.report.stats import Missing, Summary, summarize
 from tape.report.tables import Table, to_csv, to_latex, to_markdown
@@ -402,3 +402,126 @@ def test_commit_label_ignores_rendered_results_but_not_code(tmp_path: Path) -> N
     assert not commit_label(tmp_path).endswith("+dirty")
     (tmp_path / "code.py").write_text("x = 2\n")
     assert commit_label(tmp_path).endswith("+dirty")
+
+
+# ------------------------------------------------------------------------------ issue 14
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_make_report_in_a_fresh_clone_refuses_and_changes_nothing(tmp_path: Path) -> None:
+    """Issue 14.1: a clone has the committed results/ but no runs/ (gitignored)."""
+    import os
+    import shutil
+    import subprocess
+
+    recipe = re.search(r"^report:.*\n\t(.+)$", (REPO / "Makefile").read_text(), flags=re.M).group(1)
+    assert recipe.startswith("$(BIN)/python -m pipelines.report")
+    shutil.copytree(REPO / "results", tmp_path / "results")
+    before = _snapshot(tmp_path / "results")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "pipelines.report"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"no finished run at scale cpu under {tmp_path / 'runs'}" in out.stderr
+    assert "--render-empty" in out.stderr and "Traceback" not in out.stderr
+    assert _snapshot(tmp_path / "results") == before
+    assert not (tmp_path / "runs").exists()
+
+
+def test_report_refuses_to_drop_a_committed_pe_but_renders_empty_when_asked(tmp_path: Path) -> None:
+    runs = build_runs(tmp_path)
+    out = tmp_path / "results"
+    render(runs, out)
+    before = _snapshot(out)
+    shutil_rm = __import__("shutil").rmtree
+    shutil_rm(runs / "addition/cpu/tape")  # TAPE's committed number has no run behind it now
+    with pytest.raises(WouldLoseResults, match="addition/cpu tape"):
+        render(runs, out)
+    assert _snapshot(out) == before
+    assert report_main(["--runs", str(runs), "--out", str(out)]) == 1
+    assert report_main(["--runs", str(runs), "--out", str(out), "--render-empty"]) == 0
+    assert "TAPE" in read_csv(out / "tables/addition_cpu.csv")
+
+
+SMOKE_CFG = {"task": {"name": "addition", "max_digits": 2, "eval_max_digits": 4},
+             "trainer": {"max_steps": 6, "val_check_interval": 3}, "pe": {"name": "tape"},
+             "paths": {"output_dir": "x"}, "logger": {"wandb": {"name": "tape-seed0"}}}
+
+
+def _smoke_run(runs: Path, seed: int, mean: float, name: str, **trainer: int) -> Path:
+    config = json.loads(json.dumps(SMOKE_CFG))
+    config["seed"] = seed
+    config["paths"]["output_dir"] = f"/somewhere/{name}"  # paths never split a row
+    config["logger"]["wandb"]["name"] = f"tape-seed{seed}"
+    config["trainer"].update(trainer)
+    metrics = {**addition_metrics(mean), "train_time_s": 600.0 if trainer else 1.0}
+    return make_run(runs, "addition/smoke", "tape", seed, name, metrics, config)
+
+
+def test_runs_that_differ_in_more_than_the_seed_are_never_pooled(tmp_path: Path) -> None:
+    """Issue 14.2: TAPE smoke seeds 0 and 1 at 6 steps plus seed 5 at trainer.max_steps=600."""
+    runs = tmp_path / "runs"
+    _smoke_run(runs, 0, 10.0, "20261123-100000-aaaaaa")
+    _smoke_run(runs, 1, 20.0, "20261123-100100-aaaaaa")
+    _smoke_run(runs, 5, 90.0, "20261123-110000-bbbbbb", max_steps=600)
+    out = tmp_path / "results"
+    render(runs, out, ["smoke"])
+    rows = read_csv(out / "tables/addition_smoke.csv")
+    mean_col = next(c for c in rows["TAPE"] if c.endswith("mean accuracy (%)"))
+    assert rows["TAPE"]["seeds"] == "2" and float(rows["TAPE"][mean_col]) == 15.0
+    apart = rows["TAPE [trainer.max_steps=600]"]
+    assert apart["seeds"] == "1" and float(apart[mean_col]) == 90.0
+    md = (out / "README.md").read_text()
+    assert "6 training steps" in md and "never pooled as seeds" in md
+    assert "| TAPE | 15.00 ± 7.07 | 2 |" in md  # two seeds pooled, never "3 seeds"
+    used = {r["seed"]: r["used"] for r in csv.DictReader(open(out / "runs.csv"))}
+    assert used == {"0": "yes", "1": "yes", "5": "apart: trainer.max_steps=600"}
+
+
+def test_rows_of_different_pes_with_different_settings_are_flagged(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _smoke_run(runs, 0, 10.0, "20261123-100000-aaaaaa")
+    other = json.loads(json.dumps(SMOKE_CFG))
+    other["pe"] = {"name": "rope"}
+    other["trainer"]["max_steps"] = 12
+    make_run(runs, "addition/smoke", "rope", 0, "20261123-100000-cccccc", addition_metrics(5.0), other)
+    render(runs, tmp_path / "results", ["smoke"])
+    md = (tmp_path / "results/README.md").read_text()
+    assert "Not like for like" in md and "rope: trainer.max_steps=12; tape: trainer.max_steps=6" in md
+
+
+def test_settings_differ_only_in_shared_keys_outside_the_ignored_ones() -> None:
+    from tape.report.settings import NOT_SETTINGS, differences, same_setting
+
+    base = {"seed": 0, "trainer": {"max_steps": 6, "enable_progress_bar": True},
+            "paths": {"output_dir": "a"}, "optim": {"lr": 1e-3}}
+    same = {**base, "seed": 3, "paths": {"output_dir": "b"},
+            "trainer": {"max_steps": 6, "enable_progress_bar": False}}
+    assert same_setting(base, same) and "seed" in NOT_SETTINGS and "paths" in NOT_SETTINGS
+    changed = {**base, "optim": {"lr": 3e-3}}
+    assert not same_setting(changed, base)
+    assert differences(changed, base) == {"optim.lr": 3e-3}
+    newer = {**base, "trainer": {**base["trainer"], "num_nodes": 1}}  # an option added later
+    assert same_setting(newer, base)
+
+
+def test_provenance_range_is_in_time_order(tmp_path: Path) -> None:
+    """Issue 14.10: ctime strings sort wrongly as text ("Mon Nov 23" < "Sun Nov 22")."""
+    for name, when in (("20261122-235746-aaaaaa", "Sun Nov 22 23:57:46 2026"),
+                       ("20261123-002405-bbbbbb", "Mon Nov 23 00:24:05 2026")):
+        run = make_run(tmp_path, "addition/cpu", "rope", int(name[-1] == "b"), name, addition_metrics(1.0))
+        text = (run / "command.txt").read_text().replace("Sun Nov 22 20:52:10 2026", when)
+        (run / "command.txt").write_text(text)
+    line = provenance_line(find_runs(tmp_path), "STAMP")
+    assert "launched Sun Nov 22 23:57:46 2026 .. Mon Nov 23 00:24:05 2026" in line
+
+
+def test_directories_no_run_claimed_are_not_runs(tmp_path: Path) -> None:
+    """Issue 14.5: a try that failed its checks leaves no run the report counts."""
+    (tmp_path / "addition/cpu/rope/0/20261123-100000-aaaaaa/.hydra").mkdir(parents=True)
+    make_run(tmp_path, "addition/cpu", "rope", 1, "20261123-100000-bbbbbb", None)
+    assert [r.seed for r in find_runs(tmp_path)] == [1]

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config
-from tape.data.addition import max_sequence_length
-from tape.lightning import AdditionDataModule
-from tape.metrics.arithmetic import evaluate_grid, summarize, write_grid_csv
-from tape.report.heatmap import plot_heatmap
+from pipelines.utils import PipelineConfigError, check_position_range, model_config, require_int
+
+if TYPE_CHECKING:  # torch-based; imported where used, after the cheap config checks
+    from tape.lightning import AdditionDataModule
 
 
 def validate(cfg: DictConfig) -> None:
     """Every impossible addition setting, before anything trains."""
     t = cfg.task
-    for key in ("max_digits", "eval_max_digits", "examples_per_cell", "batch_size", "val_examples"):
+    ints = ("max_digits", "eval_max_digits", "examples_per_cell", "batch_size", "val_examples")
+    require_int(cfg, *(f"task.{key}" for key in (*ints, "seq_len", "eval_seed", "eval_batch_size")))
+    for key in ints:
         if int(t[key]) < 1:
             raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
     if t.eval_max_digits < t.max_digits:
@@ -26,6 +27,9 @@ def validate(cfg: DictConfig) -> None:
             f"task.eval_max_digits={t.eval_max_digits} is below task.max_digits={t.max_digits}; "
             "the test grid must cover the training lengths (the paper uses 2 * max_digits)"
         )
+    from tape.data.addition import max_sequence_length
+    from tape.lightning import AdditionDataModule
+
     need = max_sequence_length(t.max_digits)
     if t.seq_len < need:
         raise PipelineConfigError(
@@ -47,6 +51,8 @@ def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
 
 
 def datamodule(cfg: DictConfig) -> AdditionDataModule:
+    from tape.lightning import AdditionDataModule
+
     t = cfg.task
     return AdditionDataModule(
         max_digits=t.max_digits, batch_size=t.batch_size, val_examples=t.val_examples, seed=cfg.seed
@@ -55,6 +61,9 @@ def datamodule(cfg: DictConfig) -> AdditionDataModule:
 
 def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
     """Grid of [1..eval_max_digits]^2 -> grid.csv, heatmap.png and the summary metrics."""
+    from tape.metrics.arithmetic import evaluate_grid, summarize, write_grid_csv
+    from tape.report.heatmap import plot_heatmap
+
     t0 = time.perf_counter()
     cells = evaluate_grid(
         model, task_cfg.eval_max_digits, task_cfg.examples_per_cell, task_cfg.eval_seed,

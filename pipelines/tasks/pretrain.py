@@ -12,20 +12,25 @@ Two text sources (``task.corpus``):
 from __future__ import annotations
 
 import csv
+import logging
+import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 from omegaconf import DictConfig
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config
-from tape.data.text import TextData, TokenBlockStream, prepare_text_data
-from tape.lightning import TextDataModule
-from tape.metrics.perplexity import sliding_window_perplexity
+from pipelines.utils import PipelineConfigError, check_position_range, model_config, require_int
+
+if TYPE_CHECKING:  # torch-based; imported where used, after the config checks
+    from tape.data.text import TextData, TokenBlockStream
+    from tape.lightning import TextDataModule
 
 CORPORA = ("books", "stream")
+BUILD_NOTICE_S = 2.0  # data preparation longer than this announces itself
+log = logging.getLogger("pipelines.pretrain")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -33,7 +38,9 @@ def validate(cfg: DictConfig) -> None:
     t = cfg.task
     if t.corpus not in CORPORA:
         raise PipelineConfigError(f"task.corpus={t.corpus!r}; choose one of {list(CORPORA)}")
-    for key in ("seq_len", "batch_size", "val_blocks", "eval_max_windows", "eval_stride"):
+    ints = ("seq_len", "batch_size", "val_blocks", "eval_max_windows", "eval_stride")
+    require_int(cfg, *(f"task.{key}" for key in (*ints, "vocab_size")))
+    for key in ints:
         if int(t[key]) < 1:
             raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
     if int(t.seq_len) < 2:
@@ -57,10 +64,23 @@ def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
 
 # ---------------------------------------------------------------------------- text sources
 def _books(t: DictConfig) -> TextData:
+    from tape.data.text import prepare_text_data
+
+    # Said only when it takes a while (the first build: about a minute on 2 cores).
+    notice = threading.Timer(BUILD_NOTICE_S, log.info, args=(
+        "books corpus: building the tokenizer and token files under task.data_dir=%s (once; "
+        "about a minute on 2 cores, reused after) ...", t.data_dir))
+    t0 = time.perf_counter()
+    notice.start()
     try:
-        return prepare_text_data(t.data_dir, int(t.vocab_size), int(t.heldout_percent))
+        data = prepare_text_data(t.data_dir, int(t.vocab_size), int(t.heldout_percent))
     except FileNotFoundError as err:
         raise PipelineConfigError(f"task.corpus=books: {err}") from err
+    finally:
+        notice.cancel()
+    if time.perf_counter() - t0 > BUILD_NOTICE_S:
+        log.info("books corpus ready in %.1f s", time.perf_counter() - t0)
+    return data
 
 
 def hf_tokenizer(t: DictConfig) -> Any:
@@ -71,9 +91,9 @@ def hf_tokenizer(t: DictConfig) -> Any:
     if path is None or not path.is_dir():
         raise PipelineConfigError(
             f"task.corpus=stream needs task.tokenizer_path (got {path}): a local Hugging Face "
-            "tokenizer directory; the paper used Llama-2's (huggingface-cli download "
+            "tokenizer directory; the paper used Llama-2's (hf download "
             "meta-llama/Llama-2-7b-hf tokenizer.model tokenizer.json tokenizer_config.json "
-            "--local-dir <dir>)"
+            "--local-dir <dir>, after accepting the licence on the model's page)"
         )
     tok = AutoTokenizer.from_pretrained(str(path))
     if len(tok) > int(t.vocab_size):
@@ -103,6 +123,9 @@ def heldout_tokens(t: DictConfig) -> np.ndarray:
 
 
 def datamodule(cfg: DictConfig) -> TextDataModule:
+    from tape.data.text import TokenBlockStream
+    from tape.lightning import TextDataModule
+
     t = cfg.task
     seq_len, batch_size = int(t.seq_len), int(t.batch_size)
     common = dict(seq_len=seq_len, batch_size=batch_size, val_blocks=int(t.val_blocks),
@@ -131,6 +154,8 @@ def datamodule(cfg: DictConfig) -> TextDataModule:
 # ---------------------------------------------------------------------------- evaluation
 def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
     """Held-out perplexity at each multiple of the training length -> perplexity.csv + metrics."""
+    from tape.metrics.perplexity import sliding_window_perplexity
+
     t0 = time.perf_counter()
     tokens = heldout_tokens(task_cfg)
     metrics: dict[str, float] = {}

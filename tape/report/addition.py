@@ -14,7 +14,7 @@ import io
 
 from tape.metrics.arithmetic import Cell, read_grid_csv
 from tape.report.document import Context, Figure, Section
-from tape.report.groups import Group, artifact, group_by, metric, of_scale, ordered
+from tape.report.groups import Group, artifact, group_by, metric, of_scale, ordered, setting_notes
 from tape.report.heatmap import plot_heatmap, plot_panel, pool_seeds, save_png
 from tape.report.paper import ADDITION_FIG2, ADDITION_FIG5, ADDITION_PES, display
 from tape.report.provenance import provenance_line
@@ -62,9 +62,10 @@ def build(ctx: Context, scale: str) -> Section:
     runs = of_scale(ctx.runs, scale, lambda task: task == "addition")
     groups = group_by(runs, lambda r: r.pe)
     finished = [r for g in groups.values() for r in g.finished]
-    train = _setting(finished, "task", "max_digits")
-    test = _setting(finished, "task", "eval_max_digits")
-    steps = _setting(finished, "trainer", "max_steps")
+    pooled_rows = [r for g in groups.values() if not g.differs for r in g.finished]
+    train = _setting(pooled_rows, "task", "max_digits")
+    test = _setting(pooled_rows, "task", "eval_max_digits")
+    steps = _setting(pooled_rows, "trainer", "max_steps")
     rows, pooled = [], {}
     for pe in ordered(groups, ADDITION_PES):
         g = groups.get(pe, Group())
@@ -72,7 +73,7 @@ def build(ctx: Context, scale: str) -> Section:
         rows.append([display(pe), cells[0], len(g.finished), *cells[1:],
                      _paper(ADDITION_FIG5, pe), _paper(ADDITION_FIG2, pe)])
         grids = _grids(g)
-        if grids:
+        if grids and not g.differs:  # heatmaps for the pooled rows only
             pooled[pe] = (pool_seeds(grids), len(grids))
     ours = f"ours (train <= {train} digits, test <= {test})" if train and test else "ours"
     table = Table(
@@ -88,6 +89,7 @@ def build(ctx: Context, scale: str) -> Section:
             f"The last two columns are **the paper's** numbers, not ours: {ADDITION_FIG5.note}; "
             f"{ADDITION_FIG2.note}. The paper trains a 16-layer model on operands of up to 20/40 "
             "digits, so compare the ordering of the PEs, not the values.",
+            *setting_notes(groups),
         ],
         provenance=provenance_line(finished, ctx.stamp),
     )

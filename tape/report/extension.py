@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
 from tape.report.document import Context, Figure, Section
-from tape.report.groups import artifact, group_by, of_scale, ordered
+from tape.report.groups import artifact, group_by, of_scale, ordered, setting_notes
 from tape.report.heatmap import save_png
 from tape.report.paper import (
     EXTENSION_LENGTHS, EXTENSION_METHODS, EXTENSION_TABLE2, PASSKEY_FIG3, PASSKEY_TOKENS, display,
@@ -119,7 +119,7 @@ def build(ctx: Context, scale: str) -> Section:
         section.paragraphs.append(f"Ours: {why} (`python -m pipelines.extend "
                                   f"experiment=context_extension/{scale}`).")
     else:
-        section.paragraphs += _notes(finished)
+        section.paragraphs += _notes(finished) + setting_notes(groups, compared=None)
         section.tables += [_ppl_table(finished, scale, stamp), _passkey_table(finished, scale, stamp)]
     section.tables += [_paper_ppl_table(), _paper_passkey_table()]
     path, rel = ctx.figure_path(f"passkey_{scale}.png")

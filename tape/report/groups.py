@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from tape.report.runs import Run, latest_finished
+from tape.report.runs import Run
+from tape.report.settings import NOT_SETTINGS, describe, differences, same_setting, setting_values
 from tape.report.stats import Missing, Summary, summarize
 
 NOT_RUN = "not run"
@@ -19,6 +20,7 @@ class Group:
 
     finished: list[Run] = field(default_factory=list)
     unfinished: list[Run] = field(default_factory=list)
+    differs: str = ""  # a row of runs set apart: the keys where they differ from the pooled row
 
     @property
     def seeds(self) -> list[int]:
@@ -51,21 +53,45 @@ def metric(key: str) -> Callable[[Run], float | None]:
     return get
 
 
+def _by_setting(runs: list[Run]) -> list[list[Run]]:
+    """Finished runs, newest first, split into settings: a run joins the first bucket whose
+    newest run has the same setting (tape.report.settings.same_setting); per bucket, the newest
+    run of each seed."""
+    buckets: list[list[Run]] = []
+    for run in sorted(runs, key=lambda r: r.name, reverse=True):
+        home = next((b for b in buckets if same_setting(run.config(), b[0].config())), None)
+        if home is None:
+            buckets.append([run])
+        elif all(r.seed != run.seed or r.experiment != run.experiment for r in home):
+            home.append(run)  # an older run of a seed the bucket has is superseded
+    return buckets
+
+
 def group_by(runs: Iterable[Run], key: Callable[[Run], str | None]) -> dict[str, Group]:
-    """Rows keyed by ``key(run)`` (runs where it is None are left out), in first-seen order."""
-    runs = [r for r in runs if key(r) is not None]
-    newest = latest_finished(runs)
-    groups: dict[str, Group] = {}
+    """Rows keyed by ``key(run)`` (runs where it is None are left out), in first-seen order.
+
+    A row pools only runs of one setting (tape.report.settings): the setting with the most
+    finished seeds (ties: the newest run). Runs of any other setting get a row of their own,
+    keyed ``"<key> [<differing keys>]"`` with ``Group.differs`` naming them, and are never
+    averaged in. Variant runs (Run.variant) are left out."""
+    rows: dict[str, list[Run]] = {}
     for run in runs:
-        g = groups.setdefault(str(key(run)), Group())
-        if run.finished:
-            if newest.get((run.experiment, run.pe, run.seed)) is run:
-                g.finished.append(run)
-        elif not any(r.finished and r.seed == run.seed and r.experiment == run.experiment
-                     and r.pe == run.pe for r in runs):
-            g.unfinished.append(run)  # an unfinished run that a later finished run superseded is left out
-    for g in groups.values():
-        g.finished.sort(key=lambda r: r.seed)
+        if (name := key(run)) is not None:
+            rows.setdefault(str(name), []).append(run)
+    groups: dict[str, Group] = {}
+    for name, members in rows.items():
+        buckets = _by_setting([r for r in members if r.finished and not r.variant])
+        main = max(buckets, key=len, default=[])  # max keeps the first (newest) of equal sizes
+        g = groups.setdefault(name, Group())
+        g.finished = sorted(main, key=lambda r: r.seed)
+        g.unfinished = [r for r in members if not r.finished and not any(
+            f.finished and f.seed == r.seed and f.experiment == r.experiment and f.pe == r.pe
+            for f in members)]  # an unfinished run that a later finished run superseded is left out
+        for others in buckets:
+            if others is not main:
+                diff = describe(differences(others[0].config(), main[0].config()))
+                groups[f"{name} [{diff}]"] = Group(finished=sorted(others, key=lambda r: r.seed),
+                                                   differs=diff)
     return groups
 
 
@@ -86,3 +112,28 @@ def artifact(run: Run, name: str) -> Path | None:
 def of_scale(runs: Iterable[Run], scale: str, task: Callable[[str], bool]) -> list[Run]:
     """The runs at ``scale`` whose task name passes ``task``."""
     return [r for r in runs if r.scale == scale and task(r.task)]
+
+
+def setting_notes(groups: dict[str, Group], compared: str | None = "pe") -> list[str]:
+    """Table notes that keep the comparison honest: the runs set apart because their settings
+    differ, and pooled rows whose settings differ in more than ``compared`` (the key the table
+    compares, e.g. the PE; None: rows differ by design, skip that check)."""
+    notes = []
+    apart = {name: g for name, g in groups.items() if g.differs and g.finished}
+    if apart:
+        notes.append("Set apart, never pooled as seeds (their resolved config differs in the named "
+                     "keys from the pooled row; tape/report/settings.py lists the keys that may "
+                     "differ): " + "; ".join(
+                         f"{name.replace(chr(9), ' ')} (seeds {', '.join(map(str, g.seeds))})"
+                         for name, g in apart.items()) + ".")
+    main = {name: g.finished[0] for name, g in groups.items() if g.finished and not g.differs}
+    if compared and len(main) > 1:
+        ignore = (*NOT_SETTINGS, compared)
+        ref = next(iter(main.values()))
+        keys = sorted({k for r in main.values() for k in differences(r.config(), ref.config(), ignore)})
+        if keys:
+            values = {name: setting_values(r.config(), ignore) for name, r in main.items()}
+            notes.append(f"**Not like for like:** the rows differ in more than `{compared}`: "
+                         + "; ".join(f"{name}: {describe({k: v.get(k) for k in keys})}"
+                                     for name, v in values.items()) + ".")
+    return notes

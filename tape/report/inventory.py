@@ -9,25 +9,36 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from tape.report.runs import Run, latest_finished
+from tape.report.groups import group_by
+from tape.report.runs import Run
 from tape.report.tables import Table
 
 FIELDS = ["experiment", "task", "scale", "pe", "seed", "status", "used", "wall_time_s", "run_dir", "command",
           "commit", "machine"]
 
 
-def status(run: Run, used: set[int], scales: Iterable[str]) -> tuple[str, str]:
+def usage(runs: list[Run]) -> dict[int, str]:
+    """id(run) -> how the tables use it: "yes" (pooled), "apart: <differing keys>" (a row of
+    its own, see tape.report.groups.group_by); runs not in the map are not used."""
+    groups = group_by(runs, lambda r: f"{r.experiment}\t{r.pe}")
+    return {id(r): f"apart: {g.differs}" if g.differs else "yes"
+            for g in groups.values() for r in g.finished}
+
+
+def status(run: Run, used: dict[int, str], scales: Iterable[str]) -> tuple[str, str]:
     """(status, used) of one run: finished / unfinished, and why it is (not) in the tables."""
     if not run.finished:
         return "unfinished (no metrics.json)", "no"
     if run.scale not in scales:
         return "finished", f"no: scale {run.scale} not rendered"
-    return "finished", "yes" if id(run) in used else "no: superseded by a newer run of this seed"
+    if run.variant:
+        return "finished", "no: a variant protocol, kept out of the paper-style tables"
+    return "finished", used.get(id(run), "no: superseded by a newer run of this seed and setting")
 
 
 def inventory_csv(runs: list[Run], scales: Iterable[str], runs_root: Path) -> str:
     """One CSV row per run directory (paths relative to the runs folder's parent)."""
-    used = {id(r) for r in latest_finished(runs).values()}
+    used = usage(runs)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(FIELDS)
@@ -50,8 +61,7 @@ def _relative(path: Path, base: Path) -> str:
 def summary_table(runs: list[Run], scales: Iterable[str], stamp: str) -> Table:
     """Per experiment: finished / unfinished runs, PEs and total wall time of the runs used."""
     scales = list(scales)
-    newest = latest_finished(runs)
-    used = {id(r) for r in newest.values()}
+    used = {i for i, how in usage(runs).items() if how == "yes"}
     per: dict[str, dict] = defaultdict(lambda: {"finished": 0, "unfinished": 0, "pes": set(), "wall": 0.0,
                                                 "scale": ""})
     for r in runs:
@@ -73,6 +83,7 @@ def summary_table(runs: list[Run], scales: Iterable[str], stamp: str) -> Table:
                  rows=rows, digits=1,
                  notes=["Every run directory is listed in [runs.csv](runs.csv). Unfinished runs "
                         "(no metrics.json) never contribute a number; of several finished runs of "
-                        "the same experiment, PE and seed the newest is used. Smoke-scale runs are "
-                        "tests, not results, and are not rendered."],
+                        "the same experiment, PE, seed and setting the newest is used; runs whose "
+                        "settings differ in more than the seed are shown apart (column `used` of "
+                        "runs.csv). Smoke-scale runs are tests, not results, and are not rendered."],
                  provenance=stamp)

@@ -94,5 +94,7 @@ EXTENSION_METHODS = ("base", "lora", "longlora", "theta", "tape")
 
 
 def display(name: str) -> str:
-    """The paper's spelling of a PE or method name (unknown names unchanged)."""
-    return DISPLAY.get(name, name)
+    """The paper's spelling of a PE or method name (unknown names unchanged); a row set apart,
+    ``"tape [trainer.max_steps=600]"``, keeps its bracket."""
+    base, bracket, rest = name.partition(" [")
+    return DISPLAY.get(base, base) + bracket + rest

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from tape.report.document import Context, Section
-from tape.report.groups import Group, group_by, metric, of_scale, ordered
+from tape.report.groups import Group, group_by, metric, of_scale, ordered, setting_notes
 from tape.report.paper import PRETRAIN_PES, display
 from tape.report.provenance import provenance_line
 from tape.report.tables import Table
@@ -42,7 +42,7 @@ def build(ctx: Context, scale: str) -> Section:
         notes=["Ours only: the paper reports no perplexity table for this experiment. "
                + (f"Trained on {seq_len}-token blocks; " if seq_len else "")
                + "evaluations longer than the blocks measure length extrapolation. Mean ± sample std "
-                 "over seeds."],
+                 "over seeds.", *setting_notes(groups)],
         provenance=provenance_line(finished, ctx.stamp),
     )
     return Section(title=f"Pretraining perplexity ({scale})", tables=[table])

@@ -36,13 +36,22 @@ def _short(commit: str) -> str:
     return sha[:12] + plus + mark
 
 
+def _when(started: str) -> tuple[int, float | str]:
+    """Sort key of a command.txt time (time.ctime, e.g. "Sun Nov 22 23:57:46 2026"): in time
+    order, so a range reads earliest .. latest; unparsable stamps sort last, as text."""
+    try:
+        return 0, datetime.strptime(started, "%a %b %d %H:%M:%S %Y").timestamp()
+    except ValueError:
+        return 1, started
+
+
 def provenance_line(runs: Iterable[Run], stamp: str) -> str:
     """The runs' commits, launch times, machines and (up to MAX_COMMANDS) commands, then ``stamp``."""
     runs = list(runs)
     if not runs:
         return f"no finished run; {stamp}"
     commits = sorted({_short(r.commit) for r in runs})
-    times = sorted(r.started for r in runs if r.started)
+    times = sorted((r.started for r in runs if r.started), key=_when)
     commands = list(dict.fromkeys(r.command for r in runs if r.command))
     shown = "; ".join(f"`{c}`" for c in commands[:MAX_COMMANDS])
     more = f" (+{len(commands) - MAX_COMMANDS} more, see runs.csv)" if len(commands) > MAX_COMMANDS else ""

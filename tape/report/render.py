@@ -7,6 +7,7 @@ output folder, such as the benchmark's efficiency.md / efficiency.json, is left 
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -15,7 +16,7 @@ from tape.report import addition, efficiency, extension, pretrain, scrolls
 from tape.report.document import Context, Section
 from tape.report.inventory import inventory_csv, summary_table
 from tape.report.provenance import render_stamp
-from tape.report.runs import find_runs
+from tape.report.runs import Run, find_runs
 from tape.report.tables import to_csv, to_latex, to_markdown
 
 EXPERIMENTS: tuple[Callable[[Context, str], Section], ...] = (
@@ -40,6 +41,28 @@ def scales_to_render(found: Sequence[str], requested: Sequence[str] | None) -> l
     return list(dict.fromkeys([*DEFAULT_SCALES, *sorted(s for s in found if s not in NOT_RESULTS)]))
 
 
+def would_lose(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_dir: Path) -> list[str]:
+    """Why rendering now would replace numbers with "not run" (empty: safe): a scale with no
+    finished run under ``runs_dir``, or an (experiment, PE) that ``out_dir``/runs.csv used and
+    that has no finished run now (e.g. a fresh clone, where runs/ is not committed)."""
+    where = runs_dir.resolve()
+    problems = [f"no finished run at scale {scale} under {where}" for scale in scales
+                if not any(r.finished and r.scale == scale for r in runs)]
+    have = {(r.experiment, r.pe) for r in runs if r.finished}
+    try:
+        with open(out_dir / "runs.csv", newline="") as f:
+            committed = [row for row in csv.DictReader(f) if row.get("used", "").startswith(("yes", "apart"))]
+    except OSError:
+        committed = []
+    lost = sorted({(row["experiment"], row["pe"]) for row in committed
+                   if row.get("scale") in scales and (row["experiment"], row["pe"]) not in have})
+    if lost:
+        problems.append(f"{out_dir / 'runs.csv'} has numbers for {len(lost)} experiment/PE pair(s) "
+                        f"with no finished run under {where}: "
+                        + ", ".join(f"{e} {pe}" for e, pe in lost[:6]) + (f" (+{len(lost) - 6} more)" if len(lost) > 6 else ""))
+    return problems
+
+
 def _write(path: Path, text: str, written: list[Path]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -48,14 +71,24 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
     written.append(path)
 
 
-def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | None = None) -> Rendered:
-    """Render every experiment at each scale of ``scales`` (see scales_to_render)."""
+class WouldLoseResults(RuntimeError):
+    """Rendering would replace committed numbers with "not run"; nothing was written."""
+
+
+def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | None = None,
+           allow_empty: bool = False) -> Rendered:
+    """Render every experiment at each scale of ``scales`` (see scales_to_render). Refuses
+    (WouldLoseResults, before writing anything) when that would lose a number, unless
+    ``allow_empty``."""
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     runs = find_runs(runs_dir)
+    chosen = scales_to_render([r.scale for r in runs], scales)
+    problems = [] if allow_empty else would_lose(runs, out_dir, chosen, runs_dir)
+    if problems:
+        raise WouldLoseResults("; ".join(problems))
+    out_dir.mkdir(parents=True, exist_ok=True)
     stamp = render_stamp()
     ctx = Context(runs=runs, out_dir=out_dir, stamp=stamp)
-    chosen = scales_to_render([r.scale for r in runs], scales)
     sections = [build(ctx, scale) for scale in chosen for build in EXPERIMENTS]
     sections.append(efficiency.build(ctx))
     written: list[Path] = []

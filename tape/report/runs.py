@@ -39,6 +39,7 @@ class Run:
     started: str = ""  # "# time:" of command.txt
     machine: str = ""  # "# machine:" of command.txt ("" for runs made before it was recorded)
     metric_sources: dict[str, str] = field(default_factory=dict)  # key -> "run" | eval dir name
+    _config: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -77,13 +78,14 @@ class Run:
         return bool((self.config().get("extend") or {}).get("passkey_rows"))
 
     def config(self) -> dict[str, Any]:
-        """The resolved config.yaml ({} when missing or unreadable)."""
-        path = self.path / "config.yaml"
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError):
-            return {}
-        return loaded if isinstance(loaded, dict) else {}
+        """The resolved config.yaml ({} when missing or unreadable); read once."""
+        if self._config is None:
+            try:
+                loaded = yaml.safe_load((self.path / "config.yaml").read_text())
+            except (OSError, yaml.YAMLError):
+                loaded = {}
+            self._config = loaded if isinstance(loaded, dict) else {}
+        return self._config
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -150,6 +152,12 @@ def load_run(run_dir: Path, runs_root: Path) -> Run:
     )
 
 
+def _claimed(run_dir: Path) -> bool:
+    """Whether a run ever claimed this directory (command.txt, or metrics.json from before
+    command.txt was written). A directory left by a try that failed its checks is no run."""
+    return (run_dir / "command.txt").is_file() or (run_dir / "metrics.json").is_file()
+
+
 def find_runs(runs_root: str | Path) -> list[Run]:
     """Every run directory under ``runs_root`` (finished or not), sorted by path."""
     root = Path(runs_root)
@@ -164,7 +172,8 @@ def find_runs(runs_root: str | Path) -> list[Run]:
                 continue
             rel = child.relative_to(root).parts
             if RUN_NAME.match(child.name) and len(rel) >= 4:
-                found.append(load_run(child, root))
+                if _claimed(child):
+                    found.append(load_run(child, root))
             else:
                 stack.append(child)
     return sorted(found, key=lambda r: str(r.path))

@@ -20,7 +20,7 @@ from typing import Any
 
 from tape.data.scrolls import TASKS
 from tape.report.document import Context, Section
-from tape.report.groups import Group, group_by, of_scale, ordered
+from tape.report.groups import Group, group_by, of_scale, ordered, setting_notes
 from tape.report.paper import (
     SCROLLS_MEDIAN_LENGTH, SCROLLS_NOPE_REPO_HISTORY, SCROLLS_ORDER, SCROLLS_PES, SCROLLS_TABLE1,
     display,
@@ -104,7 +104,8 @@ def build(ctx: Context, scale: str) -> Section:
                "authors' repository history and is not in the paper (QA tasks only).",
                f"\"{NOT_RUN}\": SCROLLS needs the tau/scrolls data from the hub or local copies, and "
                "nothing runs offline; no number is filled in.",
-               "Ours: mean ± sample std over seeds; F1/EM/ROUGE geometric mean in %."],
+               "Ours: mean ± sample std over seeds; F1/EM/ROUGE geometric mean in %.",
+               *setting_notes(groups, compared=None)],
         provenance=provenance_line(finished, ctx.stamp),
     )
     return Section(title=f"SCROLLS ({scale})", tables=[table])

@@ -1,0 +1,66 @@
+"""Which runs may be pooled: a run's *setting* is its resolved config.yaml minus the seed and the
+keys that do not change the experiment (NOT_SETTINGS, the one place they are listed). Runs are
+pooled as seeds only when their settings are equal; any other run is shown apart, with the keys
+that differ named (docs/DESIGN.md "Evidence").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+# Dotted config keys (a key covers everything under it) that never change what a run measures:
+# the pooling dimension itself, where outputs go, logging and progress display, how a run was
+# resumed (a resumed run replays the uninterrupted one exactly) and CPU threading.
+NOT_SETTINGS: tuple[str, ...] = (
+    "seed",
+    "paths", "hydra", "logger", "callbacks",
+    "ckpt_path", "evaluate",
+    "trainer.default_root_dir", "trainer.enable_progress_bar", "trainer.enable_model_summary",
+    "trainer.log_every_n_steps",
+    "threads", "reuse_models", "models_dir",
+)
+MAX_SHOWN = 3  # differing keys named in a label; the rest are counted
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"trainer": {"max_steps": 6}} -> {"trainer.max_steps": 6}; lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _ignored(key: str, ignore: Iterable[str]) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in ignore)
+
+
+def setting_values(config: Mapping[str, Any], ignore: Iterable[str] = NOT_SETTINGS) -> dict[str, Any]:
+    """The flattened config without the keys in ``ignore``."""
+    ignore = tuple(ignore)
+    return {k: v for k, v in flatten(config).items() if not _ignored(k, ignore)}
+
+
+def differences(config: Mapping[str, Any], reference: Mapping[str, Any],
+                ignore: Iterable[str] = NOT_SETTINGS) -> dict[str, Any]:
+    """The keys both settings have where ``config``'s value differs from ``reference``'s, with
+    ``config``'s values. A key only one of them has is an option added (or dropped) since the
+    older run, whose default kept the old behaviour: it does not count as a difference."""
+    a, b = setting_values(config, ignore), setting_values(reference, ignore)
+    return {k: a[k] for k in sorted(set(a) & set(b)) if a[k] != b[k]}
+
+
+def same_setting(config: Mapping[str, Any], reference: Mapping[str, Any],
+                 ignore: Iterable[str] = NOT_SETTINGS) -> bool:
+    """Whether two runs measure the same thing (and may be pooled as seeds)."""
+    return not differences(config, reference, ignore)
+
+
+def describe(diff: Mapping[str, Any]) -> str:
+    """``trainer.max_steps=600, optim.lr=0.003`` (at most MAX_SHOWN keys, then "+N more")."""
+    shown = [f"{k}={v}" for k, v in list(diff.items())[:MAX_SHOWN]]
+    more = len(diff) - MAX_SHOWN
+    return ", ".join(shown) + (f", +{more} more" if more > 0 else "") if diff else "same setting"

@@ -1,0 +1,96 @@
+"""Bad input on the command line, as a user types it (issue 14): one message naming the key,
+no traceback (HYDRA_FULL_ERROR=1 shows it), nothing written, and no Lightning/torch import
+before the arguments are checked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(args: list[str], root: Path, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full_env = {**base, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-m", "pipelines.train", *args], cwd=root, env=full_env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "runs").glob("*/*/*/*/*") if p.is_dir()) if (root / "runs").exists() else []
+
+
+def test_entry_module_imports_no_heavy_library() -> None:
+    """A typo is reported before torch, Lightning or transformers load (seconds, not 15-24 s)."""
+    code = ("import sys, pipelines.train, pipelines.utils; "
+            "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_config_error_prints_once_without_traceback_and_leaves_no_run(tmp_path: Path) -> None:
+    out = cli(["experiment=addition/smoke", "task.max_digits=0"], tmp_path)
+    both = out.stdout + out.stderr
+    assert out.returncode == 1
+    assert both.count("task.max_digits=0 must be >= 1") == 1, both
+    assert "Traceback" not in both
+    assert run_dirs(tmp_path) == []  # the failed try left nothing the report would count
+    full = cli(["experiment=addition/smoke", "task.max_digits=0"], tmp_path, HYDRA_FULL_ERROR="1")
+    assert full.returncode == 1 and "Traceback" in full.stderr
+
+
+def test_an_existing_run_dir_is_refused_before_hydra_writes_into_it(tmp_path: Path) -> None:
+    run = tmp_path / "runs/addition/smoke/rope/0/20261123-100000-aaaaaa"
+    (run / ".hydra").mkdir(parents=True)
+    files = {run / "command.txt": "python -m pipelines.train\n", run / "train.log": "the old log\n",
+             run / ".hydra/config.yaml": "seed: 0\n", run / ".hydra/hydra.yaml": "hydra: {}\n",
+             run / ".hydra/overrides.yaml": "[]\n"}
+    for path, text in files.items():
+        path.write_text(text)
+    out = cli(["experiment=addition/smoke", f"hydra.run.dir={run}"], tmp_path)
+    assert out.returncode == 1
+    assert f"hydra.run.dir={run} already belongs to another run" in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert {p: p.read_text() for p in files} == files
+    assert sorted(p.name for p in run.rglob("*")) == sorted(
+        [".hydra", "command.txt", "train.log", "config.yaml", "hydra.yaml", "overrides.yaml"])
+
+
+def test_an_unwritable_runs_dir_is_one_message_naming_the_key(tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("")
+    for argv in (["experiment=addition/smoke", f"paths.runs_dir={tmp_path / 'a_file/runs'}"],
+                 ["-m", "experiment=addition/smoke", "pe=rope,tape", f"paths.runs_dir={tmp_path / 'a_file/runs'}"]):
+        out = cli(argv, tmp_path)
+        assert out.returncode == 1
+        assert out.stderr.startswith("paths.runs_dir=") and len(out.stderr.splitlines()) == 1
+        assert ": not a writable folder" in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_resume_progress_counts_steps_not_epochs(tmp_path: Path) -> None:
+    """The bar read "Epoch 0/-2" and, after a resume, "600/499"; nor any known noise."""
+    quiet = ["experiment=addition/smoke", "logger=wandb", "trainer.max_steps=12", "trainer.val_check_interval=6"]
+    first = cli(quiet, tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    both = first.stdout + first.stderr
+    assert "12/12" in both and "Epoch 0/-2" not in both
+    for noise in ("litlogger", "anonymous setting", "LeafSpec", "Total FLOPs", "Seed set to"):
+        assert noise not in both, noise
+    assert both.count("GPU available") == 1  # Lightning's lines printed once, not twice
+    assert "---- train done: experiment=addition/smoke pe=rope seed=0" in both
+
+
+@pytest.mark.parametrize("override", ["seed=abc", "trainer.max_steps=abc", "task.max_digits=x"])
+def test_a_value_of_the_wrong_type_is_named_not_a_traceback(override: str, tmp_path: Path) -> None:
+    out = cli(["experiment=addition/smoke", "logger=csv", override], tmp_path)
+    key, value = override.split("=")
+    assert out.returncode == 1
+    assert f"{key}='{value}' must be an integer" in out.stderr and "Traceback" not in out.stderr
