@@ -47,6 +47,8 @@ def validate(cfg: DictConfig) -> None:
 
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
     """Tokens of the longest test sum, and the key that sets it."""
+    from tape.data.addition import max_sequence_length
+
     return max_sequence_length(int(task_cfg.eval_max_digits)), "task.eval_max_digits"
 
 
