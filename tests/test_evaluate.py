@@ -119,7 +119,7 @@ def test_the_gpu_is_used_when_there_is_one(randpe_addition: Path, monkeypatch) -
     """The device decision with CUDA faked: the model is moved to cuda (the move is recorded, not
     made, so the evaluation still runs here on CPU tensors)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr("pipelines.utils.machine_summary", lambda: "faked GPU")  # it would query the GPU
+    monkeypatch.setattr("tape.bench.machine.machine_summary", lambda: "faked GPU")  # it would query the GPU
     assert resolve_device("auto") == "cuda" and resolve_device("cpu") == "cpu"
     moved = []
     original = torch.nn.Module.to
