@@ -17,6 +17,7 @@ from pipelines.utils import PipelineConfigError
 
 TASKS = {
     "addition": "pipelines.tasks.addition",
+    "flipflop": "pipelines.tasks.flipflop",
     "pretrain": "pipelines.tasks.pretrain",
     "scrolls": "pipelines.tasks.scrolls",
 }
