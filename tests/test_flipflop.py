@@ -12,7 +12,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from omegaconf import open_dict
 
+from conftest import compose_config
+from pipelines.evaluate import evaluate
 from pipelines.tasks import flipflop as task
 from pipelines.train import train
 from pipelines.utils import PipelineConfigError
@@ -143,3 +146,9 @@ def test_smoke_run_end_to_end(make_cfg, pe: str) -> None:
     with open(run / "flipflop.csv") as f:
         rows = list(csv.DictReader(f))
     assert {int(r["length"]) for r in rows} == {16, 32, 48, 64} and all(int(r["reads"]) > 0 for r in rows)
+    ecfg = compose_config("evaluate", [f"run_dir={run}"])  # re-evaluating the run gives its numbers
+    with open_dict(ecfg):
+        ecfg.paths.output_dir = str(run / "eval" / "again")
+    again = evaluate(ecfg)
+    assert {k: v for k, v in again.items() if k.startswith("read_error")} == {
+        k: v for k, v in saved.items() if k.startswith("read_error")}
