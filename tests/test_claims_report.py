@@ -87,7 +87,22 @@ def test_claim_rows_from_runs(rendered: Path) -> None:
     c1 = claims["C1"]  # no addition runs at all
     assert c1["n paired seeds"] == "0" and c1["effect Δ [95 % CI]"] == "not run"
     assert "python -m pipelines.train -m experiment=addition/cpu" in c1["verdict"]
+    assert "lack" not in c1["verdict"]
     assert claims["C4"]["effect Δ [95 % CI]"] == "not run"  # no row-sum runs
+
+
+def test_unpaired_runs_are_named_but_never_paired(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for seed in range(6):
+        for pe, cfg_pe in (("rope", {"name": "rope"}), ("tape", TAPE_PE)):
+            make_run(runs, "addition/cpu", pe, seed, f"20261120-10000{seed}-dddddd-0",
+                     {"task": "addition", "ood_accuracy": 5.0 + seed},
+                     config("addition", cfg_pe, paired=False))
+    out = tmp_path / "results"
+    render(runs, out)
+    c1 = rows(out / "tables" / "claims.csv")["C1"]
+    assert c1["n paired seeds"] == "0" and c1["effect Δ [95 % CI]"] == "not run"
+    assert "12 finished run(s) of these arms lack paired_init=True" in c1["verdict"]
 
 
 def test_secondary_comparisons_listed(rendered: Path) -> None:

@@ -132,6 +132,7 @@ class ClaimResult:
     comparisons: list[Comparison]
     values: dict[str, dict[int, float]]
     runs: list[Run]
+    unpaired: int = 0  # finished runs of the claim's arms that lack the required values (paired_init)
 
 
 def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimResult:
@@ -142,7 +143,10 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
         used += found
     comparisons = [compare(values[t], values[b], metric, (t, b), primary=i == 0)
                    for i, (t, b) in enumerate((claim.primary, *claim.secondary))]
-    return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used)
+    arms = [cfg.arms[name] for name in values]
+    unpaired = sum(1 for r in runs if r.finished and r.experiment == claim.experiment
+                   and any(a.matches(r, {}) for a in arms) and not any(a.matches(r, cfg.require) for a in arms))
+    return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used, unpaired)
 
 
 def _row(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> list[Any]:
@@ -151,6 +155,9 @@ def _row(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> 
     what = f"{cfg.arms[c.treatment].title} - {cfg.arms[c.baseline].title}"
     if c.n == 0:
         effect, verdict = NOT_RUN, f"{NOT_RUN}: run `{claim.command}`"
+        if result.unpaired:
+            verdict += (f" ({result.unpaired} finished run(s) of these arms lack "
+                        f"{', '.join(f'{k}={v}' for k, v in cfg.require.items())}: not pairs)")
     else:
         effect, verdict = c.effect(), f"**{c.verdict}** ({c.reason})"
         if metric.success is not None:
