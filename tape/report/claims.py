@@ -138,7 +138,7 @@ class ClaimResult:
 def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimResult:
     metric = cfg.metrics[claim.metric]
     values, used = {}, []
-    for name in {a for pair in (claim.primary, *claim.secondary) for a in pair}:
+    for name in dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair):
         values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, claim.metric, cfg.require)
         used += found
     comparisons = [compare(values[t], values[b], metric, (t, b), primary=i == 0)
@@ -186,7 +186,7 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
         *(f"{r.claim.id}: {r.claim.note}." for r in results if r.claim.note),
         "Commands: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
     ]
-    runs = [run for r in results for run in r.runs]
+    runs = list({run.path: run for r in results for run in r.runs}.values())  # an arm may serve two claims
     tables = [
         Table(name="claims", title="Claims: the paper's claims, tested at laptop scale", columns=columns,
               rows=primary, notes=notes, provenance=provenance_line(runs, ctx.stamp)),
