@@ -125,6 +125,8 @@ def test_flipflop_section_table_and_log_figure(rendered: Path) -> None:
     assert {r["PE"] for r in table} >= {"RoPE", "TAPE", "ALiBi", "NoPE", "FIRE"}
     nope = [r for r in table if r["PE"] == "NoPE"]
     assert all(r["2x (128 tokens)"] == "not run" for r in nope)
+    rope_sparse = next(r for r in table if r["PE"] == "RoPE" and r["sparsity"] == "sparse")
+    assert float(rope_sparse["mean of 2x, 3x"]) == pytest.approx(float(rope_sparse["2x (128 tokens)"]) * 1.25)
 
 
 def test_claims_config_paths_are_checked() -> None:
