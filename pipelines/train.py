@@ -35,13 +35,17 @@ log = logging.getLogger("pipelines.train")
 
 def build_module(cfg: DictConfig) -> CausalLMModule:
     from tape.lightning import CausalLMModule
+    from tape.model.pairing import pair_initial_weights
 
     o = cfg.optim
-    return CausalLMModule(
+    module = CausalLMModule(
         model=model_config(cfg).to_dict(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
         weight_decay=o.weight_decay, warmup_steps=o.warmup_steps, schedule=o.schedule,
         min_lr_ratio=o.min_lr_ratio, total_steps=cfg.trainer.max_steps, seed=cfg.seed,
     )
+    if cfg.get("paired_init", False):  # same seed -> same shared initial weights for every PE
+        pair_initial_weights(module.model, int(cfg.seed))
+    return module
 
 
 @task_wrapper

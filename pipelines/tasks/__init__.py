@@ -21,6 +21,7 @@ from pipelines.utils import PipelineConfigError
 
 TASKS = {
     "addition": "pipelines.tasks.addition",
+    "flipflop": "pipelines.tasks.flipflop",
     "passkey": "pipelines.tasks.passkey",
     "perplexity": "pipelines.tasks.perplexity",
     "pretrain": "pipelines.tasks.pretrain",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tape.report import addition, efficiency, extension, pretrain, scrolls
+from tape.report import addition, claims, efficiency, extension, flipflop, pretrain, scrolls
 from tape.report.document import Context, Section
 from tape.report.inventory import inventory_csv, summary_table
 from tape.report.provenance import render_stamp
@@ -20,7 +20,7 @@ from tape.report.runs import Run, find_runs
 from tape.report.tables import to_csv, to_latex, to_markdown
 
 EXPERIMENTS: tuple[Callable[[Context, str], Section], ...] = (
-    addition.build, scrolls.build, extension.build, pretrain.build,
+    addition.build, scrolls.build, extension.build, pretrain.build, flipflop.build,
 )
 DEFAULT_SCALES = ("cpu",)
 NOT_RESULTS = ("smoke",)  # test presets: never rendered unless asked for by name
@@ -91,6 +91,7 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
     ctx = Context(runs=runs, out_dir=out_dir, stamp=stamp)
     sections = [build(ctx, scale) for scale in chosen for build in EXPERIMENTS]
     sections.append(efficiency.build(ctx))
+    sections.insert(0, claims.build(ctx))  # issue 15: the Claims section opens the report
     written: list[Path] = []
     inventory = summary_table(runs, chosen, stamp)
     for table in [inventory, *(t for s in sections for t in s.tables)]:
@@ -112,8 +113,9 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
         "",
         f"Scales rendered: {', '.join(chosen)}. {stamp[0].upper()}{stamp[1:]}.",
         "",
+        sections[0].to_markdown(),  # Claims
         to_markdown(inventory, heading_level=2),
-        *(s.to_markdown() for s in sections),
+        *(s.to_markdown() for s in sections[1:]),
     ]
     _write(out_dir / "README.md", "\n".join(readme), written)
     return Rendered(files=written, sections=sections)

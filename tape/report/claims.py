@@ -1,0 +1,196 @@
+"""The Claims section that opens results/README.md: per claim of the paper (conf/claims.yaml),
+the paper's statement and number, our experiment, the paired effect with its interval, n paired
+seeds and the verdict (tape/report/paired.py), and the command that runs it. A claim without
+paired runs says "not run" and shows its command.
+
+Arms are found with the same run-finding code as every other section (``find_runs`` and
+``group_by``: the newest finished run per seed), restricted to one experiment, one PE and the
+config values the arm names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from tape.report.document import Context, Section
+from tape.report.groups import NOT_RUN, group_by
+from tape.report.paired import Comparison, MetricSpec, compare, decide, successes
+from tape.report.paper import display
+from tape.report.provenance import provenance_line
+from tape.report.runs import Run
+from tape.report.tables import Table
+
+CLAIMS_FILE = Path(__file__).resolve().parents[2] / "conf" / "claims.yaml"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A PE plus the resolved-config values (dotted keys) its runs must have."""
+
+    name: str
+    pe: str
+    match: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def title(self) -> str:
+        return self.label or display(self.pe)
+
+    def matches(self, run: Run, require: Mapping[str, Any]) -> bool:
+        if run.pe != self.pe:
+            return False
+        config = run.config()
+        return all(lookup(config, key) == value for key, value in {**require, **self.match}.items())
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the paper and the experiment that tests it."""
+
+    id: str
+    title: str
+    paper: str
+    experiment: str
+    metric: str
+    primary: tuple[str, str]
+    secondary: tuple[tuple[str, str], ...]
+    command: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ClaimsConfig:
+    alpha: float
+    metrics: Mapping[str, MetricSpec]
+    arms: Mapping[str, Arm]
+    claims: tuple[Claim, ...]
+    require: Mapping[str, Any] = field(default_factory=dict)
+
+
+_MISSING = object()
+
+
+def lookup(config: Mapping[str, Any], dotted: str) -> Any:
+    """``config['a']['b']`` for ``'a.b'``; a sentinel that equals nothing when absent."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
+    """Read and check conf/claims.yaml; a bad entry names its key."""
+    raw = yaml.safe_load(Path(path).read_text())
+    metrics = {k: MetricSpec(key=k, margin=float(v["margin"]), better=v["better"],
+                             label=v.get("label", k), success=v.get("success"))
+               for k, v in raw["metrics"].items()}
+    arms = {k: Arm(name=k, pe=v["pe"], match=dict(v.get("match") or {}), label=v.get("label", ""))
+            for k, v in raw["arms"].items()}
+    claims = []
+    for c in raw["claims"]:
+        pairs = [tuple(c["primary"]), *(tuple(p) for p in c.get("secondary") or [])]
+        for pair in pairs:
+            unknown = [a for a in pair if a not in arms]
+            if len(pair) != 2 or unknown:
+                raise ValueError(f"{path}: claim {c['id']}: comparison {list(pair)} must name two arms "
+                                 f"of 'arms' ({sorted(arms)}); unknown: {unknown}")
+        if c["metric"] not in metrics:
+            raise ValueError(f"{path}: claim {c['id']}: metric {c['metric']!r} is not under 'metrics' "
+                             f"({sorted(metrics)})")
+        claims.append(Claim(id=c["id"], title=c["title"], paper=" ".join(c["paper"].split()),
+                            experiment=c["experiment"], metric=c["metric"], primary=pairs[0],
+                            secondary=tuple(pairs[1:]), command=" ".join(c["command"].split()),
+                            note=c.get("note", "")))
+    return ClaimsConfig(alpha=float(raw.get("alpha", 0.05)), metrics=metrics, arms=arms,
+                        claims=tuple(claims), require=dict(raw.get("require") or {}))
+
+
+def arm_values(runs: list[Run], arm: Arm, experiment: str, metric: str,
+               require: Mapping[str, Any]) -> tuple[dict[int, float], list[Run]]:
+    """{seed: value} of the newest finished run per seed of ``arm`` in ``experiment``, and
+    those runs."""
+    mine = [r for r in runs if r.experiment == experiment and arm.matches(r, require)]
+    group = group_by(mine, lambda r: arm.name).get(arm.name)
+    if group is None:
+        return {}, []
+    values = {r.seed: float(r.metrics[metric]) for r in group.finished
+              if isinstance((r.metrics or {}).get(metric), (int, float))}
+    return values, [r for r in group.finished if r.seed in values]
+
+
+@dataclass
+class ClaimResult:
+    """A claim's comparisons, primary first, with verdicts, and the runs they used."""
+
+    claim: Claim
+    comparisons: list[Comparison]
+    values: dict[str, dict[int, float]]
+    runs: list[Run]
+    unpaired: int = 0  # finished runs of the claim's arms that lack the required values (paired_init)
+
+
+def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimResult:
+    metric = cfg.metrics[claim.metric]
+    values, used = {}, []
+    for name in dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair):
+        values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, claim.metric, cfg.require)
+        used += found
+    comparisons = [compare(values[t], values[b], metric, (t, b), primary=i == 0)
+                   for i, (t, b) in enumerate((claim.primary, *claim.secondary))]
+    arms = [cfg.arms[name] for name in values]
+    unpaired = sum(1 for r in runs if r.finished and r.experiment == claim.experiment
+                   and any(a.matches(r, {}) for a in arms) and not any(a.matches(r, cfg.require) for a in arms))
+    return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used, unpaired)
+
+
+def _row(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> list[Any]:
+    claim = result.claim
+    metric = cfg.metrics[claim.metric]
+    what = f"{cfg.arms[c.treatment].title} - {cfg.arms[c.baseline].title}"
+    if c.n == 0:
+        effect, verdict = NOT_RUN, f"{NOT_RUN}: run `{claim.command}`"
+        if result.unpaired:
+            verdict += (f" ({result.unpaired} finished run(s) of these arms lack "
+                        f"{', '.join(f'{k}={v}' for k, v in cfg.require.items())}: not pairs)")
+    else:
+        effect, verdict = c.effect(), f"**{c.verdict}** ({c.reason})"
+        if metric.success is not None:
+            effect += "; " + successes(result.values[c.treatment], result.values[c.baseline], metric).format()
+    head = [f"{claim.id}: {claim.title}", claim.paper] if first else ["", ""]
+    return [*head, f"{claim.experiment}, {metric.label}", what, effect, c.n, verdict]
+
+
+def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
+    """The Claims section: one row per claim (its primary comparison), then every comparison."""
+    cfg = cfg or load_claims()
+    results = [evaluate_claim(claim, cfg, ctx.runs) for claim in cfg.claims]
+    columns = ["claim", "the paper's statement and number (paper)", "our experiment and metric",
+               "comparison (Δ = first - second)", "effect Δ [95 % CI]", "n paired seeds", "verdict"]
+    primary = [_row(r, r.comparisons[0], cfg, True) for r in results]
+    every = [_row(r, c, cfg, i == 0) for r in results for i, c in enumerate(r.comparisons)]
+    notes = [
+        "Δ = first arm - second arm over seeds run by both (paired: one seed fixes the data order "
+        "and the shared initial weights); 95 % t interval. A difference counts when the interval "
+        "excludes 0 and an exact sign-flip test agrees (p < "
+        f"{cfg.alpha:g}; secondary comparisons Holm-corrected); *equivalent* only when the 90 % "
+        "interval lies inside ± the metric's margin; else *inconclusive*. Margins: "
+        + "; ".join(f"{m.label} ±{m.margin:g} ({m.better} is better)" for m in cfg.metrics.values()) + ".",
+        "The second column is **the paper's** statement and numbers (tape-spec E), at the paper's "
+        "scale; every other column is ours, at the scale in the experiment's name.",
+        *(f"{r.claim.id}: {r.claim.note}." for r in results if r.claim.note),
+        "Commands: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
+    ]
+    runs = list({run.path: run for r in results for run in r.runs}.values())  # an arm may serve two claims
+    tables = [
+        Table(name="claims", title="Claims: the paper's claims, tested at laptop scale", columns=columns,
+              rows=primary, notes=notes, provenance=provenance_line(runs, ctx.stamp)),
+        Table(name="claims_all", title="Claims: every comparison (primary first, then secondary)",
+              columns=columns, rows=every, provenance=provenance_line(runs, ctx.stamp)),
+    ]
+    return Section(title="Claims", tables=tables)

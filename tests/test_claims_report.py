@@ -1,0 +1,135 @@
+"""The Claims section and the flip-flop section on fake run directories laid out as the
+pipelines write them. Every number is made up for the test and never leaves tmp_path."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tape.report.claims import load_claims
+from tape.report.render import render
+from test_report import make_run
+
+TAPE_PE = {"name": "tape", "tape_attn_update": True, "tape_mlp_update": True, "tape_post_attn": "mix"}
+
+
+def config(task: str, pe: dict, paired: bool = True) -> dict:
+    return {"task": {"name": task, "seq_len": 64}, "pe": pe, "paired_init": paired}
+
+
+def flipflop_metrics(ood: float) -> dict:
+    out = {"task": "flipflop", "read_error_ood": ood}
+    for m in (1, 2, 3, 4):
+        for s in ("in_dist", "sparse", "dense"):
+            out[f"read_error_{s}_{m}x"] = 0.0 if m == 1 else ood * m / 2
+    return out
+
+
+def build_runs(root: Path) -> Path:
+    runs = root / "runs"
+    rng = np.random.default_rng(0)
+    rope = 20 + 8 * rng.standard_normal(6)
+    for seed in range(6):
+        name = f"20261123-10000{seed}-aaaaaa-{seed}"
+        make_run(runs, "flipflop/cpu", "rope", seed, name, flipflop_metrics(float(rope[seed])),
+                 config("flipflop", {"name": "rope"}))
+        make_run(runs, "flipflop/cpu", "tape", seed, name, flipflop_metrics(float(rope[seed]) - 5 - 0.1 * seed),
+                 config("flipflop", TAPE_PE))
+        # an ablation arm at the same seeds: never pooled into TAPE's arm
+        make_run(runs, "flipflop/cpu", "tape", seed, f"20261123-20000{seed}-bbbbbb-{seed}",
+                 flipflop_metrics(99.0), config("flipflop", {**TAPE_PE, "tape_mlp_update": False}))
+        ppl = 90 + 3 * rng.standard_normal()
+        make_run(runs, "pretrain/cpu", "rope", seed, name, {"task": "pretrain", "ppl_1x": ppl},
+                 config("pretrain", {"name": "rope"}))
+        make_run(runs, "pretrain/cpu", "tape", seed, name,
+                 {"task": "pretrain", "ppl_1x": ppl + 0.05 * rng.standard_normal()},
+                 config("pretrain", TAPE_PE))
+    make_run(runs, "flipflop/cpu", "alibi", 0, "20261123-100000-aaaaaa-9", flipflop_metrics(1.0),
+             config("flipflop", {"name": "alibi"}))
+    # an unpaired run (made before paired initialisation) never counts as a pair
+    make_run(runs, "flipflop/cpu", "rope", 7, "20261120-100000-cccccc-0", flipflop_metrics(50.0),
+             config("flipflop", {"name": "rope"}, paired=False))
+    make_run(runs, "flipflop/cpu", "tape", 7, "20261120-100000-cccccc-1", flipflop_metrics(0.0),
+             config("flipflop", TAPE_PE, paired=False))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("claims")
+    out = root / "results"
+    render(build_runs(root), out)
+    return out
+
+
+def rows(path: Path) -> dict[str, dict[str, str]]:
+    with open(path, newline="") as f:
+        return {r["claim"].split(":")[0]: r for r in csv.DictReader(f)}
+
+
+def test_claims_open_the_readme(rendered: Path) -> None:
+    text = (rendered / "README.md").read_text()
+    assert text.split("\n## ")[1].startswith("Claims\n")  # the first section
+
+
+def test_claim_rows_from_runs(rendered: Path) -> None:
+    claims = rows(rendered / "tables" / "claims.csv")
+    c3 = claims["C3"]
+    assert c3["n paired seeds"] == "6"  # seed 7 is unpaired, the ablation arm is not TAPE
+    assert c3["verdict"].startswith("**better**") and c3["effect Δ [95 % CI]"].startswith("Δ -5.25 [")
+    assert "seeds succeeded" in c3["effect Δ [95 % CI]"]
+    assert "passkey accuracy 1.00" in c3["the paper's statement and number (paper)"]
+    c2 = claims["C2"]
+    assert c2["n paired seeds"] == "6" and c2["verdict"].startswith("**equivalent**")
+    c1 = claims["C1"]  # no addition runs at all
+    assert c1["n paired seeds"] == "0" and c1["effect Δ [95 % CI]"] == "not run"
+    assert "python -m pipelines.train -m experiment=addition/cpu" in c1["verdict"]
+    assert "lack" not in c1["verdict"]
+    assert claims["C4"]["effect Δ [95 % CI]"] == "not run"  # no row-sum runs
+
+
+def test_unpaired_runs_are_named_but_never_paired(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for seed in range(6):
+        for pe, cfg_pe in (("rope", {"name": "rope"}), ("tape", TAPE_PE)):
+            make_run(runs, "addition/cpu", pe, seed, f"20261120-10000{seed}-dddddd-0",
+                     {"task": "addition", "ood_accuracy": 5.0 + seed},
+                     config("addition", cfg_pe, paired=False))
+    out = tmp_path / "results"
+    render(runs, out)
+    c1 = rows(out / "tables" / "claims.csv")["C1"]
+    assert c1["n paired seeds"] == "0" and c1["effect Δ [95 % CI]"] == "not run"
+    assert "12 finished run(s) of these arms lack paired_init=True" in c1["verdict"]
+
+
+def test_secondary_comparisons_listed(rendered: Path) -> None:
+    with open(rendered / "tables" / "claims_all.csv", newline="") as f:
+        every = list(csv.DictReader(f))
+    alibi = next(r for r in every if r["comparison (Δ = first - second)"] == "TAPE - ALiBi"
+                 and r["our experiment and metric"].startswith("flipflop"))
+    assert alibi["n paired seeds"] == "1" and "inconclusive" in alibi["verdict"]
+    ablation = next(r for r in every if "MLP update only" in r["comparison (Δ = first - second)"]
+                    and r["our experiment and metric"].startswith("pretrain"))
+    assert ablation["effect Δ [95 % CI]"] == "not run"  # pretrain has no ablation runs
+
+
+def test_flipflop_section_table_and_log_figure(rendered: Path) -> None:
+    text = (rendered / "README.md").read_text()
+    assert "## Flip-flop (cpu)" in text and "figures/flipflop_cpu.png" in text
+    assert (rendered / "figures" / "flipflop_cpu.png").read_bytes()[:4] == b"\x89PNG"
+    with open(rendered / "tables" / "flipflop_cpu.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert {r["PE"] for r in table} >= {"RoPE", "TAPE", "ALiBi", "NoPE", "FIRE"}
+    nope = [r for r in table if r["PE"] == "NoPE"]
+    assert all(r["2x (128 tokens)"] == "not run" for r in nope)
+    rope_sparse = next(r for r in table if r["PE"] == "RoPE" and r["sparsity"] == "sparse")
+    assert float(rope_sparse["mean of 2x, 3x"]) == pytest.approx(float(rope_sparse["2x (128 tokens)"]) * 1.25)
+
+
+def test_claims_config_paths_are_checked() -> None:
+    cfg = load_claims()
+    for claim in cfg.claims:
+        assert claim.command.startswith("python -m pipelines.train -m experiment=" + claim.experiment)

@@ -1,0 +1,167 @@
+"""Paired statistics (tape/report/paired.py) against hand-worked values, and the verdict rules
+on fixtures whose answer is known."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tape.report.claims import load_claims
+from tape.report.paired import (
+    MetricSpec, compare, decide, fisher_pvalue, hierarchical_bootstrap, holm, sign_flip_pvalue,
+    successes, t_interval, wilson_interval,
+)
+
+PPL = MetricSpec("ppl_1x", margin=1.0, better="lower")
+
+
+def seeds(values) -> dict[int, float]:
+    return dict(enumerate(values))
+
+
+# ---------------------------------------------------------------------------- hand-worked values
+def test_sign_flip_exact_at_n6() -> None:
+    assert sign_flip_pvalue(np.array([0.3, 1.2, 0.7, 2.0, 0.1, 0.9])) == 2 / 64
+    assert sign_flip_pvalue(np.ones(6)) == 2 / 64
+    # |sum| of [-1, 2, 3, 4, 5, 6] is 19; flipping a subset S gives 21 - 2 sum(S) (ignoring the
+    # sign already on 1): |.| >= 19 needs sum(S) <= 1 or >= 20: {}, {1} and their complements
+    assert sign_flip_pvalue(np.array([-1.0, 2, 3, 4, 5, 6])) == 4 / 64
+    assert sign_flip_pvalue(np.ones(5)) == 2 / 32  # n = 5 can never reach 0.05
+    assert sign_flip_pvalue(np.zeros(6)) == 1.0
+
+
+def test_sign_flip_monte_carlo_above_the_exact_limit() -> None:
+    p = sign_flip_pvalue(np.ones(20), n_resamples=50_000)
+    assert p == pytest.approx(2 / 2**20, abs=1e-4)
+
+
+def test_t_interval_by_hand() -> None:
+    low, high = t_interval(np.array([1.0, 2.0, 3.0]), 0.95)
+    half = 4.302652729911275 / math.sqrt(3)  # t(0.975, 2) * sd 1 / sqrt(3)
+    assert (low, high) == pytest.approx((2 - half, 2 + half), rel=1e-9)
+    assert all(math.isnan(x) for x in t_interval(np.array([1.0])))
+
+
+def test_holm_hand_worked() -> None:
+    # sorted: 0.005 * 4 = 0.02; 0.01 * 3 = 0.03; 0.03 * 2 = 0.06; 0.04 * 1 -> max(0.06, 0.04)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_wilson_by_hand() -> None:
+    assert wilson_interval(8, 10) == pytest.approx((0.490, 0.943), abs=5e-4)
+    z2 = 1.959963984540054 ** 2
+    low, high = wilson_interval(0, 6)
+    assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(z2 / (6 + z2))
+
+
+def test_fisher_by_hand() -> None:
+    assert fisher_pvalue(6, 6, 0, 6) == pytest.approx(2 / 924)  # 2 / C(12, 6)
+    # margins 6, 6 | 4, 8: P(X = k) = C(4, k) C(8, 6 - k) / 924 = 28, 224, 420, 224, 28 (/924)
+    assert fisher_pvalue(3, 6, 1, 6) == pytest.approx(504 / 924)
+
+
+# ---------------------------------------------------------------------------- verdicts
+def test_known_difference_is_better_and_its_reverse_worse() -> None:
+    rng = np.random.default_rng(0)
+    base = 100 + 5 * rng.standard_normal(8)  # large seed-to-seed spread, shared by both arms
+    tape = base - 2.0 + 0.3 * rng.standard_normal(8)
+    [c] = decide([compare(seeds(tape), seeds(base), PPL, ("tape", "rope"))])
+    assert c.n == 8 and c.verdict == "better" and c.ci95[1] < 0 and c.p_sign_flip == 2 / 256
+    [w] = decide([compare(seeds(base), seeds(tape), PPL)])
+    assert w.verdict == "worse"
+    # the same arms unpaired would be inconclusive: pairing is what removes the seed spread
+    shuffled = dict(zip(range(8), np.roll(tape, 3)))
+    [u] = decide([compare(shuffled, seeds(base), PPL)])
+    assert u.verdict == "inconclusive"
+
+
+def test_no_difference_equivalent_with_wide_margin_inconclusive_with_narrow() -> None:
+    rng = np.random.default_rng(1)
+    base = 100 + 5 * rng.standard_normal(8)
+    tape = base + 0.2 * rng.standard_normal(8)
+    wide = MetricSpec("ppl_1x", margin=1.0, better="lower")
+    narrow = MetricSpec("ppl_1x", margin=0.05, better="lower")
+    [c] = decide([compare(seeds(tape), seeds(base), wide)])
+    assert c.verdict == "equivalent" and -1 < c.ci90[0] and c.ci90[1] < 1
+    [c] = decide([compare(seeds(tape), seeds(base), narrow)])
+    assert c.verdict == "inconclusive"
+
+
+def test_t_and_sign_flip_must_agree() -> None:
+    # five large, consistent improvements: the t interval excludes 0, the sign-flip test cannot
+    d = np.array([-2.0, -2.1, -1.9, -2.05, -1.95])
+    [c] = decide([compare(seeds(100 + d), seeds(np.full(5, 100.0)), PPL)])
+    assert c.ci95[1] < 0 and c.p_sign_flip == 2 / 32
+    assert c.verdict == "inconclusive" and "n = 5 < 6" in c.reason
+
+
+def test_secondary_comparisons_are_holm_corrected() -> None:
+    base = seeds(np.arange(6, dtype=float) * 10)
+    # all six Δ negative, distinct: p_sign_flip = 2/64 < 0.05 alone, but x3 under Holm
+    tape = {s: v - 1.0 - 0.1 * s for s, v in base.items()}
+    same = [compare(tape, base, PPL, primary=False) for _ in range(3)]
+    decided = decide([compare(tape, base, PPL), *same])
+    assert decided[0].verdict == "better" and decided[0].p_adjusted == decided[0].p
+    assert all(c.p_adjusted == pytest.approx(3 * 2 / 64) for c in decided[1:])
+    assert all(c.verdict != "better" for c in decided[1:])
+
+
+def test_single_seed_is_never_a_verdict() -> None:
+    [c] = decide([compare({0: 90.0}, {0: 100.0}, PPL)])
+    assert c.verdict == "inconclusive" and "no interval" in c.effect()
+
+
+def test_successes_counts_wilson_fisher_and_median() -> None:
+    spec = MetricSpec("read_error_ood", margin=0.2, better="lower", success=1.0)
+    s = successes(seeds([0.1, 0.5, 30.0, 0.2]), seeds([20.0, 15.0, 25.0, 0.9]), spec)
+    assert (s.k_treatment, s.n_treatment, s.k_baseline, s.n_baseline) == (3, 4, 1, 4)
+    assert s.p_fisher == pytest.approx(fisher_pvalue(3, 4, 1, 4))
+    assert s.median_delta == pytest.approx(np.median([-19.9, -14.5, 5.0, -0.7]))
+    assert "3/4" in s.format() and "1/4" in s.format()
+
+
+def test_hierarchical_bootstrap_sees_both_levels() -> None:
+    rng = np.random.default_rng(0)
+    same = [rng.binomial(1, 0.5, 2000).astype(float) for _ in range(6)]
+    est, low, high = hierarchical_bootstrap(same, seed=1)
+    assert est == pytest.approx(np.mean([x.mean() for x in same]))
+    assert low < est < high and high - low < 0.03  # items only: about ±1.96 * 0.5 / sqrt(12000)
+    spread = [np.full(2000, p) for p in (0.1, 0.9, 0.2, 0.8, 0.3, 0.7)]
+    _, low2, high2 = hierarchical_bootstrap(spread, seed=1)
+    assert high2 - low2 > 0.3  # between-seed spread dominates
+    few = [rng.binomial(1, 0.5, 20).astype(float) for _ in range(6)]
+    _, low3, high3 = hierarchical_bootstrap(few, seed=1)
+    assert high3 - low3 > 3 * (high - low)  # fewer items per seed: wider
+    est_d, lo_d, hi_d = hierarchical_bootstrap([x + 0.0 for x in spread], baseline=spread, seed=1)
+    assert est_d == 0 and lo_d == hi_d == 0  # paired difference of identical arms
+    assert hierarchical_bootstrap(same, seed=3) == hierarchical_bootstrap(same, seed=3)
+
+
+# ---------------------------------------------------------------------------- margins in config
+def test_margins_come_from_conf_claims_yaml(tmp_path: Path) -> None:
+    cfg = load_claims()
+    assert (cfg.metrics["ppl_1x"].margin, cfg.metrics["ppl_1x"].better) == (1.0, "lower")
+    assert (cfg.metrics["ood_accuracy"].margin, cfg.metrics["ood_accuracy"].better) == (2.0, "higher")
+    assert (cfg.metrics["read_error_ood"].margin, cfg.metrics["read_error_ood"].better) == (0.2, "lower")
+    assert [c.id for c in cfg.claims] == ["C1", "C2", "C3", "C4"]
+    assert cfg.claims[2].primary == ("tape", "rope")
+    raw = yaml.safe_load(Path("conf/claims.yaml").read_text())
+    raw["metrics"]["ppl_1x"]["margin"] = 5.0
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    assert load_claims(tmp_path / "c.yaml").metrics["ppl_1x"].margin == 5.0
+    raw["claims"][0]["primary"] = ["tape", "no_such_arm"]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="no_such_arm"):
+        load_claims(tmp_path / "bad.yaml")
+
+
+def test_metric_spec_rejects_bad_direction_and_margin() -> None:
+    with pytest.raises(ValueError, match="better="):
+        MetricSpec("x", margin=1.0, better="up")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="margin="):
+        MetricSpec("x", margin=0.0, better="lower")
