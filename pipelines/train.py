@@ -45,6 +45,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     t_start = time.perf_counter()
     run_dir = Path(cfg.paths.output_dir)
     task = get_task(cfg.task.name)
+    if hasattr(task, "run"):  # a multi-stage task (context extension) runs its own fits
+        return task.run(cfg)
     check_trainer(cfg)
     if hasattr(task, "prepare"):  # e.g. fine-tuning adopts its pretrained run's model config
         task.prepare(cfg)

@@ -1,5 +1,6 @@
-"""The context-extension experiment (pipelines.extend): the smoke preset end to end on an
-invented corpus, passkey training rows, the data/weights checks, the presets, saving models."""
+"""The context-extension experiment (pipelines.train experiment=context_extension/*): the smoke
+preset end to end on an invented corpus, passkey training rows, the data/weights checks, the
+presets, saving models."""
 
 from __future__ import annotations
 
@@ -15,20 +16,21 @@ from omegaconf import open_dict
 
 pytest.importorskip("transformers")
 from conftest import compose_config  # noqa: E402
-from pipelines.context_extension_data import (  # noqa: E402
+from pipelines.tasks.context_extension import run as extend, validate  # noqa: E402
+from pipelines.tasks.context_extension.data import (  # noqa: E402
     ExtensionData, PackedRows, check_inputs, load_data, mixed_batches,
 )
-from pipelines.extend import extend, validate  # noqa: E402
 from pipelines.utils import PipelineConfigError  # noqa: E402
 from tape.data.corpus import Document  # noqa: E402
 from tape.data.passkey import FILLER, QUESTION, TASK, garbage_for_tokens, passkey_example, passkey_prompt  # noqa: E402
 from tape.data.text import prepare_text_data  # noqa: E402
 from tape.hf.io import build_llama, load_model, save_model  # noqa: E402
 from tape.hf.recipes import RECIPES, apply_recipe  # noqa: E402
-from tape.hf.train_loop import split_losses  # noqa: E402
+from tape.hf.loss import split_losses  # noqa: E402
 from tape.schedule import lr_factor  # noqa: E402
 
 VOCAB = 512
+NAMED = ["tape", "tape_mix", "lora", "longlora", "theta"]  # the presets' named recipes
 WORDS = f"{TASK} {FILLER} {QUESTION} thou art the king of hills and seas".split()  # BPE learns the prompt's words
 
 
@@ -47,7 +49,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def extend_cfg(tmp_path: Path, data_dir: Path, *overrides: str, name: str = "run"):
-    cfg = compose_config("extend", ["experiment=context_extension/smoke", "logger=none", *overrides])
+    cfg = compose_config("config", ["experiment=context_extension/smoke", "logger=none", *overrides])
     with open_dict(cfg):
         cfg.paths.root_dir = str(tmp_path)
         cfg.paths.runs_dir = str(tmp_path / "runs")
@@ -71,7 +73,7 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
     for f in ("metrics.json", "perplexity.csv", "passkey.csv", "passkey.png", "tables.md", "config.yaml"):
         assert (run / f).is_file(), f
     assert json.loads((run / "metrics.json").read_text()) == pytest.approx(metrics)
-    methods = ["base", *RECIPES]
+    methods = ["base", *NAMED]
     ppl = _read_csv(run / "perplexity.csv")
     assert [(r["method"], r["corpus"], r["length"]) for r in ppl] == [
         (m, c, n) for m in methods for c in ("books", "stdlib") for n in ("32", "256")]
@@ -79,16 +81,17 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
     keys = _read_csv(run / "passkey.csv")
     assert [(r["method"], r["target_tokens"]) for r in keys] == [(m, n) for m in methods for n in ("128", "256")]
     assert all(float(r["mean_tokens"]) <= int(r["target_tokens"]) for r in keys)
-    for recipe in RECIPES:
+    for recipe in NAMED:
         assert metrics[f"time_train_{recipe}_s"] > 0 and metrics[f"time_eval_{recipe}_s"] > 0
         assert not metrics[f"{recipe}_reused"] and metrics[f"{recipe}_steps"] == cfg.extend.steps
     assert 0 < metrics["lora_trainable_params"] == metrics["theta_trainable_params"] == metrics["longlora_trainable_params"]
-    assert metrics["tape_trainable_params"] > 0
+    # the official TAPE leaves the post-attention map frozen at zero; tape_mix trains it
+    assert 0 < metrics["tape_trainable_params"] < metrics["tape_mix_trainable_params"]
     assert "base_passkey_at_context" in metrics and isinstance(metrics["base_retrieves"], bool)
     assert metrics["base_steps"] == cfg.base.steps and "base_loss_passkey" in metrics
 
     again = extend(extend_cfg(tmp_path, data_dir, name="again"))  # same settings: nothing trains
-    assert again["base_reused"] and all(again[f"{r}_reused"] for r in RECIPES)
+    assert again["base_reused"] and all(again[f"{r}_reused"] for r in NAMED)
     assert again["time_base_train_s"] == 0.0
     for k, v in metrics.items():  # the reused models evaluate to the same numbers
         if k.startswith(("ppl_", "passkey_")):
@@ -143,12 +146,21 @@ def test_hub_rows_are_the_eos_joined_documents_read_in_order():
     docs = iter(["ab", "c", "defgh", "ij"])
     rows = PackedRows(docs, encode=lambda t: [ord(ch) for ch in t], eos_id=0)
     rng = np.random.default_rng(0)
-    assert rows(0, 2, 3, rng).tolist() == [[97, 98, 0], [99, 0, 100]]
-    assert rows(1, 1, 3, rng).tolist() == [[101, 102, 103]]
+    assert rows(0, 2, 3, rng).tolist() == [[97, 98, 0], [99, 0, 100]]  # batch 0: rows 0, 1
+    assert rows(1, 2, 3, rng).tolist() == [[101, 102, 103], [104, 0, 105]]  # batch 1: rows 2, 3
     with pytest.raises(ValueError, match="packed into 3"):
         rows(2, 1, 4, rng)
+    with pytest.raises(ValueError, match="only reads forward"):
+        rows(0, 2, 3, rng)
     with pytest.raises(RuntimeError, match="ran out of documents"):
-        rows(2, 2, 3, rng)  # [104, 0, 105] then only [106, 0] is left
+        rows(2, 2, 3, rng)  # only [106, 0] is left
+
+
+def test_hub_rows_skip_the_batches_of_other_ranks():
+    rows = PackedRows(iter(["ab", "c", "defgh", "ij"]), encode=lambda t: [ord(ch) for ch in t], eos_id=0)
+    rng = np.random.default_rng(0)
+    assert rows(1, 1, 3, rng).tolist() == [[99, 0, 100]]  # rank 1 of 2: batches 1, 3, ...
+    assert rows(3, 1, 3, rng).tolist() == [[104, 0, 105]]
 
 
 def test_losses_average_text_and_passkey_tokens_separately():
@@ -165,17 +177,17 @@ def test_losses_average_text_and_passkey_tokens_separately():
 
 # ----------------------------------------------------------------------------- checks and presets
 def test_presets_compose_cpu_is_the_default_and_validates(tmp_path):
-    default = compose_config("extend", [])
+    default = compose_config("config", ["experiment=context_extension/cpu"])
     assert default.experiment_name == "context_extension/cpu"
     validate(default)
-    assert default.extend.recipes == list(RECIPES) and default.extend.context == 2 * default.model.context
-    paper = compose_config("extend", ["experiment=context_extension/paper"])
+    assert default.extend.recipes == NAMED and default.extend.context == 2 * default.model.context
+    paper = compose_config("config", ["experiment=context_extension/paper"])
     assert (paper.extend.context, paper.extend.steps, paper.extend.lr, paper.extend.warmup_steps) == (8192, 1000, 2e-5, 50)
     assert paper.extend.batch_size * paper.extend.grad_accum == 64 and paper.data.source == "hub"
 
 
 def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypatch):
-    cfg = compose_config("extend", ["experiment=context_extension/paper"])
+    cfg = compose_config("config", ["experiment=context_extension/paper"])
     with pytest.raises(PipelineConfigError, match=r"model\.pretrained_path.*huggingface-cli download"):
         validate(cfg)
     with open_dict(cfg):
@@ -200,12 +212,13 @@ def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypat
 @pytest.mark.parametrize("override, key", [
     ("extend.context=260", "extend.context=260 must split into recipes.longlora.s2attn_groups"),
     ("extend.context=64", "extend.context=64 must exceed model.context"),
-    ("extend.recipes=[yarn]", "unknown recipe 'yarn'"),
+    ("extend.recipes=[yarn]", "recipes.yarn .* is missing"),
+    ("recipes.tape.recipe=yarn", "recipes.tape.recipe=.yarn.: unknown recipe"),
     ("base.passkey_rows=17", "base.passkey_rows=17"),
 ])
 def test_impossible_settings_name_their_key(override, key):
     with pytest.raises(PipelineConfigError, match=key.replace("[", r"\[")):
-        validate(compose_config("extend", [override]))
+        validate(compose_config("config", ["experiment=context_extension/cpu", override]))
 
 
 # ----------------------------------------------------------------------------- saved models

@@ -5,7 +5,8 @@ A task module provides ``validate(cfg)`` (raise PipelineConfigError before any t
 ``evaluate(model, task_cfg, out_dir, title)`` (write artifacts into out_dir, return flat metrics);
 optionally ``prepare(cfg)`` (complete the config in place before validation) and
 ``initialize(model, cfg)`` (e.g. load pretrained weights into a fresh, not resumed, model).
-Context extension runs on Hugging Face models through its own entry point (pipelines/extend.py).
+A task of several training stages (context extension) provides ``run(cfg)`` instead, and
+``pipelines.train`` hands it the whole run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pipelines.utils import PipelineConfigError
 
 TASKS = {
     "addition": "pipelines.tasks.addition",
+    "context_extension": "pipelines.tasks.context_extension",
     "pretrain": "pipelines.tasks.pretrain",
     "scrolls": "pipelines.tasks.scrolls",
 }

@@ -104,11 +104,14 @@ def _hub_documents(cfg: DictConfig) -> Iterator[str]:
 
 class PackedRows:
     """Documents joined with EOS, tokenised and cut into rows of ``seq_len`` tokens, read in
-    order (row i is the i-th row of the stream; the paper packed RedPajama the same way)."""
+    order (the paper packed RedPajama the same way): batch ``index`` gets rows
+    ``index * count .. (index + 1) * count - 1`` of the stream. Indices must increase; the rows
+    of skipped indices (other ranks' batches, or batches trained before a resume) are read past."""
 
     def __init__(self, docs: Iterator[str], encode: Callable[[str], list[int]], eos_id: int) -> None:
         self.docs, self.encode, self.eos_id = docs, encode, eos_id
         self.seq_len: int | None = None
+        self.next_row = 0
         self.blocks: Iterator[list[int]] = iter(())
 
     def __call__(self, index: int, count: int, seq_len: int, rng: np.random.Generator) -> Tensor:
@@ -117,7 +120,14 @@ class PackedRows:
             self.blocks = pack_blocks((self.encode(d) for d in self.docs), seq_len, None, self.eos_id)
         elif seq_len != self.seq_len:
             raise ValueError(f"rows of {seq_len} tokens asked from a stream packed into {self.seq_len}")
+        first = index * count
+        if first < self.next_row:
+            raise ValueError(f"batch {index} asked after rows up to {self.next_row} were read; "
+                             "the packed stream only reads forward")
+        for _ in itertools.islice(self.blocks, first - self.next_row):
+            pass
         rows = list(itertools.islice(self.blocks, count))
+        self.next_row = first + len(rows)
         if len(rows) < count:
             raise RuntimeError("the training stream ran out of documents")
         return torch.tensor(rows)  # (count, seq_len)

@@ -1,0 +1,23 @@
+"""Alias of ``python -m pipelines.train`` for context extension, kept for older commands:
+``python -m pipelines.extend [overrides]`` runs ``pipelines.train`` with the same overrides,
+``experiment=context_extension/cpu`` unless an experiment is given."""
+
+from __future__ import annotations
+
+import sys
+
+from pipelines import train
+
+
+def argv_with_experiment(argv: list[str]) -> list[str]:
+    """The command-line overrides, with the cpu preset added when no experiment is chosen."""
+    if any(a.lstrip("+~").startswith("experiment=") for a in argv):
+        return argv
+    return [*argv, "experiment=context_extension/cpu"]
+
+
+if __name__ == "__main__":
+    sys.argv[1:] = argv_with_experiment(sys.argv[1:])
+    if message := train.unknown_choice(sys.argv[1:]):
+        sys.exit(message)
+    train.main()
