@@ -240,3 +240,83 @@ def test_saved_extended_model_reloads_with_the_same_logits(tmp_path, recipe):
     assert (before - after).abs().max() < 1e-4
     with pytest.raises(FileExistsError):
         save_model(model, tmp_path / recipe, {})
+
+
+# ----------------------------------------------------------------------------- resume and reuse
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_killed_run_resumes_at_the_first_unfinished_stage_and_inside_it(tmp_path, data_dir, monkeypatch):
+    from tape.lightning import HFCausalLMModule
+
+    short = ["extend.recipes=[tape,lora]", "extend.steps=3", "extend.checkpoint_every=1"]
+    step = HFCausalLMModule.training_step
+
+    def dies_in_lora(self, batch, batch_idx):
+        if self.hparams.stage == "lora" and self.trainer.global_step == 2:
+            raise RuntimeError("killed")  # as a kill: after the checkpoint of step 2
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(HFCausalLMModule, "training_step", dies_in_lora)
+    with pytest.raises(RuntimeError, match="killed"):
+        extend(extend_cfg(tmp_path, data_dir, *short, name="killed"))
+    models = tmp_path / "models"
+    assert sorted(p.name.split("-")[0] for p in models.iterdir() if not p.name.endswith(".work")) == ["base", "tape"]
+    work = [p for p in models.iterdir() if p.name.endswith(".work")]
+    assert [p.name.split("-")[0] for p in work] == ["lora"] and (work[0] / "checkpoints" / "last.ckpt").is_file()
+
+    monkeypatch.setattr(HFCausalLMModule, "training_step", step)
+    resumed = extend(extend_cfg(tmp_path, data_dir, *short, name="resumed"))
+    assert resumed["base_reused"] and resumed["tape_reused"] and not resumed["lora_reused"]
+    assert resumed["lora_steps"] == 3 and not work[0].exists()
+    info = json.loads((Path(resumed["lora_model"]) / "stage.json").read_text())
+    assert info["resumed_from"].endswith("last.ckpt")
+
+    clean = extend_cfg(tmp_path, data_dir, *short, name="clean")
+    with open_dict(clean):
+        clean.models_dir = str(tmp_path / "models_clean")
+    uninterrupted = extend(clean)
+    a, b = _weights(Path(resumed["lora_model"])), _weights(Path(uninterrupted["lora_model"]))
+    assert a.keys() == b.keys()
+    for k in a:  # the resumed stage replays exactly what an uninterrupted one does
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_reuse_models_false_retrains_and_replaces_the_saved_models(tmp_path, data_dir):
+    short = ["extend.recipes=[lora]", "base.steps=2"]
+    first = extend(extend_cfg(tmp_path, data_dir, *short, name="first"))
+    stamp = json.loads((Path(first["lora_model"]) / "stage.json").read_text())["stage_time_s"]
+    again = extend(extend_cfg(tmp_path, data_dir, *short, "reuse_models=false", name="again"))
+    assert not again["base_reused"] and not again["lora_reused"] and again["time_base_train_s"] > 0
+    assert again["lora_model"] == first["lora_model"]  # same settings, same directory, replaced
+    assert json.loads((Path(again["lora_model"]) / "stage.json").read_text())["stage_time_s"] != stamp
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "models").iterdir()) == ["base", "lora"]  # no leftovers
+
+
+@pytest.mark.slow
+def test_smoke_runs_on_two_ddp_processes(tmp_path, data_dir):
+    """trainer=ddp on 2 CPU processes (gloo) through the real command line: Lightning relaunches
+    it once; rank 0 saves the models and evaluates, both ranks train every stage."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "pipelines.train", "experiment=context_extension/smoke", "logger=csv",
+           "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "extend.recipes=[tape,lora]",
+           f"paths.root_dir={tmp_path}", f"data.data_dir={data_dir}", f"data.vocab_size={VOCAB}"]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = (tmp_path / "runs" / "context_extension" / "smoke" / "llama" / "0").iterdir()
+    metrics = json.loads((run / "metrics.json").read_text())
+    for stage in ("base", "tape", "lora"):
+        info = json.loads((Path(metrics[f"{stage}_model"] if stage != "base" else metrics["base_model"])
+                           / "stage.json").read_text())
+        assert info["world_size"] == 2 and info["train"]["steps"] > 0
+    assert [r["method"] for r in _read_csv(run / "passkey.csv")] == ["base"] * 2 + ["tape"] * 2 + ["lora"] * 2
+    logged = {row.split(",")[0] for row in (run / "csv" / "metrics.csv").read_text().splitlines()[:1]}
+    assert logged and not list((tmp_path / "runs" / "context_extension" / "models").glob("*.work"))
