@@ -2,7 +2,7 @@
 ``python -m pipelines.reproduce --profile cpu`` (runs here, skipping finished runs) or
 ``--profile paper`` (prints the Hydra multirun commands, renders whatever has finished).
 
-Order: context extension (4 recipes; the longest single job, so it starts first), addition
+Order: context extension (5 recipes; the longest single job, so it starts first), addition
 (5 PEs), pretraining (7 PEs), SCROLLS (from the pretraining runs; only the datasets whose data are
 present), efficiency benchmark. A run is finished when a run directory of its experiment / PE /
 seed holds metrics.json (see tape/report/runs.py), so an interrupted reproduction continues where

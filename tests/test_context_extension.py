@@ -184,6 +184,18 @@ def test_presets_compose_cpu_is_the_default_and_validates(tmp_path):
     paper = compose_config("config", ["experiment=context_extension/paper"])
     assert (paper.extend.context, paper.extend.steps, paper.extend.lr, paper.extend.warmup_steps) == (8192, 1000, 2e-5, 50)
     assert paper.extend.batch_size * paper.extend.grad_accum == 64 and paper.data.source == "hub"
+    # bf16 autocast with fp32 trainables; the official TAPE (row-sum post map frozen at zero)
+    # and the corrected one (mixing post map, trained) side by side
+    assert (paper.trainer.precision, paper.model.frozen_dtype) == ("bf16-mixed", "bfloat16")
+    validate_precision = compose_config("config", ["experiment=context_extension/paper", "trainer=fsdp"])
+    with pytest.raises(PipelineConfigError, match="trainer=fsdp shards units of one dtype"):
+        validate(validate_precision)
+    for preset in (default, paper):
+        assert preset.extend.recipes == NAMED
+        assert dict(preset.recipes.tape) == {"recipe": "tape", "train_post_attn": False,
+                                             "tape_options": {"post_attn": "rowsum"}}
+        assert dict(preset.recipes.tape_mix) == {"recipe": "tape", "train_post_attn": True,
+                                                 "tape_options": {"post_attn": "mix"}}
 
 
 def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypatch):
@@ -215,6 +227,9 @@ def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypat
     ("extend.recipes=[yarn]", "recipes.yarn .* is missing"),
     ("recipes.tape.recipe=yarn", "recipes.tape.recipe=.yarn.: unknown recipe"),
     ("base.passkey_rows=17", "base.passkey_rows=17"),
+    ("base.checkpoint_every=0", "base.checkpoint_every=0 must be >= 1"),
+    ("model.frozen_dtype=bfloat16", "model.frozen_dtype=bfloat16 stores frozen weights .* trainer.precision=bf16-mixed"),
+    ("trainer.precision=bf16-true", "trainer.precision=bf16-true would train the weights in low precision"),
 ])
 def test_impossible_settings_name_their_key(override, key):
     with pytest.raises(PipelineConfigError, match=key.replace("[", r"\[")):
