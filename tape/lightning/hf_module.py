@@ -42,6 +42,10 @@ class HFCausalLMModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=["model"])
         self.model = model
+        self.start_step = 0  # the step this fit started at (> 0 when resumed from a checkpoint)
+
+    def on_train_start(self) -> None:
+        self.start_step = self.trainer.global_step
 
     def forward(self, input_ids: Tensor) -> Tensor:
         return self.model(input_ids=input_ids).logits  # (B, N, V)

@@ -19,6 +19,7 @@ the new run's own directory.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ import hydra
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import FSDPStrategy
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
@@ -111,11 +113,12 @@ def make_trainer(cfg: DictConfig, section: DictConfig, work: Path, loggers: list
 
 def trained_model(trainer: L.Trainer, module: HFCausalLMModule, build: Callable[[], nn.Module],
                   work: Path, through_checkpoint: bool | None = None) -> nn.Module | None:
-    """The trained model with full weights on rank 0 (None on the other ranks). Sharded
-    strategies (FSDP, DeepSpeed) hold shards only: their full state dict is gathered into a
-    checkpoint and loaded into a freshly built model (``through_checkpoint`` forces that path)."""
+    """The trained model with full weights on rank 0 (None on the other ranks). Under FSDP each
+    rank holds shards only: the full state dict is gathered into a checkpoint (the preset's
+    state_dict_type=full) and loaded into a freshly built model (``through_checkpoint`` forces
+    that path)."""
     if through_checkpoint is None:
-        through_checkpoint = "FSDP" in type(trainer.strategy).__name__ or "DeepSpeed" in type(trainer.strategy).__name__
+        through_checkpoint = isinstance(trainer.strategy, FSDPStrategy)
     if not through_checkpoint:
         return module.model if trainer.is_global_zero else None
     path = work / "full.ckpt"
@@ -142,7 +145,7 @@ def train_stage(cfg: DictConfig, name: str, build: Callable[[], nn.Module], sect
     last = work / "checkpoints" / "last.ckpt"
     if not cfg.reuse_models and is_rank_zero():
         shutil.rmtree(work, ignore_errors=True)  # every stage from its start
-    resume = last if last.is_file() else None
+    resume = last if cfg.reuse_models and last.is_file() else None  # every rank decides alike
     model = build()
     h = section
     module = HFCausalLMModule(model, stage=name, lr=h.lr, betas=tuple(h.betas), weight_decay=h.weight_decay,
@@ -159,7 +162,7 @@ def train_stage(cfg: DictConfig, name: str, build: Callable[[], nn.Module], sect
     elapsed = time.perf_counter() - t0
     if trainer.interrupted:
         raise RuntimeError(f"training stage {name} was interrupted; rerun the same command to resume it")
-    start = int(torch.load(resume, map_location="cpu", weights_only=False)["global_step"]) if resume else 0
+    start = module.start_step
     stats = {k.split("/", 1)[1]: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(f"{name}/")}
     stats.update(steps=trainer.global_step, train_time_s=elapsed,
                  steps_per_s=(trainer.global_step - start) / max(elapsed, 1e-9))
@@ -169,7 +172,10 @@ def train_stage(cfg: DictConfig, name: str, build: Callable[[], nn.Module], sect
     if full is not None:
         save_model(full, path, info, replace=not cfg.reuse_models)
         shutil.rmtree(work, ignore_errors=True)
-    del module, model, full
+    del trainer, module, model, full
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the next stage loads its own copy of the base
     barrier()  # the other ranks load this model in the next stage
     return info
 
