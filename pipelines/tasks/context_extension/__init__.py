@@ -56,7 +56,8 @@ def _check_precision(cfg: DictConfig) -> None:
             f"can multiply with fp32 activations: set trainer.precision=bf16-mixed (got {precision}) "
             "or model.frozen_dtype=float32")
     strategy = cfg.trainer.get("strategy")
-    if frozen != "float32" and "FSDP" in str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy).upper():
+    target = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy or "")
+    if frozen != "float32" and "fsdp" in target.lower():
         raise PipelineConfigError(
             f"trainer=fsdp shards units of one dtype: model.frozen_dtype={frozen} mixes bf16 frozen and "
             "fp32 trainable weights in a unit; set model.frozen_dtype=float32 with trainer=fsdp")
