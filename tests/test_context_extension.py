@@ -26,7 +26,7 @@ from tape.data.passkey import FILLER, QUESTION, TASK, garbage_for_tokens, passke
 from tape.data.text import prepare_text_data  # noqa: E402
 from tape.hf.io import build_llama, load_model, save_model  # noqa: E402
 from tape.hf.recipes import RECIPES, apply_recipe  # noqa: E402
-from tape.hf.loss import split_losses  # noqa: E402
+from tape.hf.loss import split_losses, weighted_loss  # noqa: E402
 from tape.schedule import lr_factor  # noqa: E402
 
 VOCAB = 512
@@ -161,6 +161,21 @@ def test_hub_rows_skip_the_batches_of_other_ranks():
     rng = np.random.default_rng(0)
     assert rows(1, 1, 3, rng).tolist() == [[99, 0, 100]]  # rank 1 of 2: batches 1, 3, ...
     assert rows(3, 1, 3, rng).tolist() == [[104, 0, 105]]
+
+
+def test_losses_average_text_and_passkey_tokens_separately():
+    logits = torch.zeros(2, 3, 4)
+    labels = torch.tensor([[1, 2, 3], [-100, -100, 1]])
+    logits[0, 0, 2] = 5.0  # predicts the text row's first target well
+    parts = split_losses(logits, labels, torch.tensor([False, True]))
+    assert set(parts) == {"text", "passkey"}
+    assert parts["passkey"].item() == pytest.approx(torch.log(torch.tensor(4.0)).item())
+    assert parts["text"] < parts["passkey"]
+    assert weighted_loss(parts, 2.0, logits).item() == pytest.approx((parts["text"] + 2 * parts["passkey"]).item())
+    text_only = split_losses(logits, labels, None)  # no passkey rows: every scored token is text
+    assert set(text_only) == {"text"} and weighted_loss(text_only, 2.0, logits) == text_only["text"]
+    assert lr_factor(0, 10, 100, "constant") == pytest.approx(0.1) and lr_factor(50, 10, 100, "constant") == 1.0
+    assert lr_factor(100, 10, 100, "cosine", 0.1) == pytest.approx(0.1)
 
 
 # ----------------------------------------------------------------------------- checks and presets
