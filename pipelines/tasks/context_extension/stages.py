@@ -180,7 +180,7 @@ def train_stage(cfg: DictConfig, name: str, build: Callable[[], nn.Module], sect
     return info
 
 
-def _set_dtypes(model: nn.Module, frozen_dtype: torch.dtype) -> nn.Module:
+def set_dtypes(model: nn.Module, frozen_dtype: torch.dtype) -> nn.Module:
     """Trainable parameters fp32 (AdamW's state follows them), frozen ones ``frozen_dtype``."""
     for p in model.parameters():
         p.data = p.data.float() if p.requires_grad else p.data.to(frozen_dtype)
@@ -242,7 +242,7 @@ def recipe_stage(cfg: DictConfig, name: str, base_path: Path, base_key: str, dat
         if cfg.extend.gradient_checkpointing:  # transformers 5 name, else the older one
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
             enable()
-        return _set_dtypes(model.train(), frozen)
+        return set_dtypes(model.train(), frozen)
 
     garbage = (0, _garbage(data, cfg.extend.context, "extend.context")) if cfg.extend.passkey_rows else (0, 0)
     meta = {"key": key, "settings": settings}
