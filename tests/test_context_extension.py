@@ -100,6 +100,19 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
         extend(extend_cfg(tmp_path, data_dir, name="again"))  # a run directory is never reused
 
 
+def test_smoke_in_bf16_mixed_with_bf16_frozen_weights(tmp_path, data_dir):
+    """The paper preset's precision on CPU: autocast, frozen weights stored in bf16, LoRA merged
+    into bf16 weights, TAPE saved beside them; evaluation runs in bf16 and stays finite."""
+    cfg = extend_cfg(tmp_path, data_dir, "extend.recipes=[tape,lora]", "trainer.precision=bf16-mixed",
+                     "model.frozen_dtype=bfloat16")
+    metrics = extend(cfg)
+    ppl = [v for k, v in metrics.items() if k.startswith("ppl_")]
+    assert len(ppl) == 12 and all(1 < v < 10 * VOCAB for v in ppl)
+    model = load_model(metrics["tape_model"])  # fp32 on reload; trained in bf16-mixed
+    assert type(model).__name__ == "TapeLlamaForCausalLM"
+    assert json.loads((Path(metrics["lora_model"]) / "stage.json").read_text())["settings"]["frozen_dtype"] == "bfloat16"
+
+
 # ----------------------------------------------------------------------------- passkey rows
 def char_encode(text: str) -> list[int]:
     return [ord(c) % 250 + 3 for c in text]
