@@ -2,7 +2,7 @@
 ``python -m pipelines.reproduce --profile cpu`` (runs here, skipping finished runs) or
 ``--profile paper`` (prints the Hydra multirun commands, renders whatever has finished).
 
-Order: context extension (4 recipes; the longest single job, so it starts first), addition
+Order: context extension (5 recipes; the longest single job, so it starts first), addition
 (5 PEs), pretraining (7 PEs), SCROLLS (from the pretraining runs; only the datasets whose data are
 present), efficiency benchmark. A run is finished when a run directory of its experiment / PE /
 seed holds metrics.json (see tape/report/runs.py), so an interrupted reproduction continues where
@@ -57,6 +57,7 @@ class Step:
     done_file: Path | None = None  # for steps that write a file instead of a run directory
     wave: int = 0  # --jobs: a wave starts when every earlier wave has finished
     alone: bool = False  # --jobs: run with every core and nothing beside it (timings)
+    single: bool = False  # one plain run per seed, no PE sweep (context extension: pe is llama)
 
     def experiments(self) -> list[str]:
         return [f"{self.experiment}/{d}" for d in self.datasets] if self.datasets else [self.experiment]
@@ -105,8 +106,8 @@ def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"
         datasets, scrolls_note, scrolls_extra = SCROLLS_ORDER, "", ()
     bench = ("device=cuda", "scale=paper") if profile == "paper" else ()
     return [
-        Step("context_extension", "pipelines.extend", f"context_extension/{profile}", ("llama",), seeds,
-             PAPER_EXTEND_INPUTS if profile == "paper" else ()),
+        Step("context_extension", "pipelines.train", f"context_extension/{profile}", ("llama",), seeds,
+             PAPER_EXTEND_INPUTS if profile == "paper" else (), single=True),
         Step("addition", "pipelines.train", f"addition/{profile}", ADDITION_PES, seeds),
         Step("pretrain", "pipelines.train", f"pretrain/{profile}", PRETRAIN_PES, seeds),
         Step("scrolls", "pipelines.train", f"scrolls/{profile}", SCROLLS_PES, seeds,
@@ -155,7 +156,7 @@ def commands(step: Step, todo: Sequence[tuple[str, str, int]] | None = None) -> 
     base = ["python", "-m", step.entry]
     if step.done_file is not None:
         return [base + list(step.overrides)]
-    if step.entry == "pipelines.extend":
+    if step.single:
         seeds = sorted({s for _, _, s in todo}) if todo is not None else list(step.seeds)
         return [base + [f"experiment={step.experiment}", f"seed={s}", *step.overrides] for s in seeds]
     todo = list(todo) if todo is not None else [(e, p, s) for e in step.experiments()
@@ -175,7 +176,7 @@ def run_commands(step: Step, todo: Sequence[tuple[str, str, int]]) -> list[tuple
     names the run's log file."""
     if step.done_file is not None:
         return [(step.name, argv) for argv in commands(step)]
-    if step.entry == "pipelines.extend":
+    if step.single:
         return [(f"{step.name}-seed{seed}", argv)
                 for seed, argv in zip(sorted({s for _, _, s in todo}), commands(step, todo))]
     out = []

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import Iterable
+
+import torch
+from torch import Tensor
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -22,3 +26,29 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "c
     if schedule == "linear":
         return 1.0 - (1.0 - min_ratio) * progress
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def adamw_with_schedule(
+    params: Iterable[tuple[str, Tensor]], lr: float, betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8, weight_decay: float = 0.0, warmup_steps: int = 0, total_steps: int = 1000,
+    schedule: str = "cosine", min_lr_ratio: float = 0.1,
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable ``(name, parameter)`` pairs (weight decay on matrices only) and
+    its per-step :func:`lr_factor` schedule. Refuses parameters that are not fp32: Adam steps of
+    about lr = 2e-5 vanish below half a bf16 ulp, so low precision belongs in autocast only."""
+    trainable = [(n, p) for n, p in params if p.requires_grad]
+    if not trainable:
+        raise ValueError("the model has no trainable parameters")
+    low = [n for n, p in trainable if p.dtype != torch.float32]
+    if low:
+        raise ValueError(f"trainable parameters must be float32 (low precision only through autocast, "
+                         f"trainer.precision); got {trainable[0][1].dtype} for {low[:3]}")
+    decay = [p for _, p in trainable if p.ndim >= 2]
+    no_decay = [p for _, p in trainable if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=tuple(betas), eps=eps,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, schedule, min_lr_ratio))
+    return optimizer, scheduler

@@ -1,5 +1,6 @@
-"""The context-extension experiment (pipelines.extend): the smoke preset end to end on an
-invented corpus, passkey training rows, the data/weights checks, the presets, saving models."""
+"""The context-extension experiment (pipelines.train experiment=context_extension/*): the smoke
+preset end to end on an invented corpus, passkey training rows, the data/weights checks, the
+presets, saving models."""
 
 from __future__ import annotations
 
@@ -15,20 +16,21 @@ from omegaconf import open_dict
 
 pytest.importorskip("transformers")
 from conftest import compose_config  # noqa: E402
-from pipelines.context_extension_data import (  # noqa: E402
+from pipelines.tasks.context_extension import run as extend, validate  # noqa: E402
+from pipelines.tasks.context_extension.data import (  # noqa: E402
     ExtensionData, PackedRows, check_inputs, load_data, mixed_batches,
 )
-from pipelines.extend import extend, validate  # noqa: E402
 from pipelines.utils import PipelineConfigError  # noqa: E402
 from tape.data.corpus import Document  # noqa: E402
 from tape.data.passkey import FILLER, QUESTION, TASK, garbage_for_tokens, passkey_example, passkey_prompt  # noqa: E402
 from tape.data.text import prepare_text_data  # noqa: E402
 from tape.hf.io import build_llama, load_model, save_model  # noqa: E402
 from tape.hf.recipes import RECIPES, apply_recipe  # noqa: E402
-from tape.hf.train_loop import split_losses  # noqa: E402
+from tape.hf.loss import split_losses, weighted_loss  # noqa: E402
 from tape.schedule import lr_factor  # noqa: E402
 
 VOCAB = 512
+NAMED = ["tape", "tape_mix", "lora", "longlora", "theta"]  # the presets' named recipes
 WORDS = f"{TASK} {FILLER} {QUESTION} thou art the king of hills and seas".split()  # BPE learns the prompt's words
 
 
@@ -47,7 +49,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def extend_cfg(tmp_path: Path, data_dir: Path, *overrides: str, name: str = "run"):
-    cfg = compose_config("extend", ["experiment=context_extension/smoke", "logger=none", *overrides])
+    cfg = compose_config("config", ["experiment=context_extension/smoke", "logger=none", *overrides])
     with open_dict(cfg):
         cfg.paths.root_dir = str(tmp_path)
         cfg.paths.runs_dir = str(tmp_path / "runs")
@@ -71,7 +73,7 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
     for f in ("metrics.json", "perplexity.csv", "passkey.csv", "passkey.png", "tables.md", "config.yaml"):
         assert (run / f).is_file(), f
     assert json.loads((run / "metrics.json").read_text()) == pytest.approx(metrics)
-    methods = ["base", *RECIPES]
+    methods = ["base", *NAMED]
     ppl = _read_csv(run / "perplexity.csv")
     assert [(r["method"], r["corpus"], r["length"]) for r in ppl] == [
         (m, c, n) for m in methods for c in ("books", "stdlib") for n in ("32", "256")]
@@ -79,22 +81,36 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
     keys = _read_csv(run / "passkey.csv")
     assert [(r["method"], r["target_tokens"]) for r in keys] == [(m, n) for m in methods for n in ("128", "256")]
     assert all(float(r["mean_tokens"]) <= int(r["target_tokens"]) for r in keys)
-    for recipe in RECIPES:
+    for recipe in NAMED:
         assert metrics[f"time_train_{recipe}_s"] > 0 and metrics[f"time_eval_{recipe}_s"] > 0
         assert not metrics[f"{recipe}_reused"] and metrics[f"{recipe}_steps"] == cfg.extend.steps
     assert 0 < metrics["lora_trainable_params"] == metrics["theta_trainable_params"] == metrics["longlora_trainable_params"]
-    assert metrics["tape_trainable_params"] > 0
+    # the official TAPE leaves the post-attention map frozen at zero; tape_mix trains it
+    assert 0 < metrics["tape_trainable_params"] < metrics["tape_mix_trainable_params"]
     assert "base_passkey_at_context" in metrics and isinstance(metrics["base_retrieves"], bool)
     assert metrics["base_steps"] == cfg.base.steps and "base_loss_passkey" in metrics
 
     again = extend(extend_cfg(tmp_path, data_dir, name="again"))  # same settings: nothing trains
-    assert again["base_reused"] and all(again[f"{r}_reused"] for r in RECIPES)
+    assert again["base_reused"] and all(again[f"{r}_reused"] for r in NAMED)
     assert again["time_base_train_s"] == 0.0
     for k, v in metrics.items():  # the reused models evaluate to the same numbers
         if k.startswith(("ppl_", "passkey_")):
             assert again[k] == pytest.approx(v, rel=1e-5), k
     with pytest.raises(PipelineConfigError, match="already belongs"):
         extend(extend_cfg(tmp_path, data_dir, name="again"))  # a run directory is never reused
+
+
+def test_smoke_in_bf16_mixed_with_bf16_frozen_weights(tmp_path, data_dir):
+    """The paper preset's precision on CPU: autocast, frozen weights stored in bf16, LoRA merged
+    into bf16 weights, TAPE saved beside them; evaluation runs in bf16 and stays finite."""
+    cfg = extend_cfg(tmp_path, data_dir, "extend.recipes=[tape,lora]", "trainer.precision=bf16-mixed",
+                     "model.frozen_dtype=bfloat16")
+    metrics = extend(cfg)
+    ppl = [v for k, v in metrics.items() if k.startswith("ppl_")]
+    assert len(ppl) == 12 and all(1 < v < 10 * VOCAB for v in ppl)
+    model = load_model(metrics["tape_model"])  # fp32 on reload; trained in bf16-mixed
+    assert type(model).__name__ == "TapeLlamaForCausalLM"
+    assert json.loads((Path(metrics["lora_model"]) / "stage.json").read_text())["settings"]["frozen_dtype"] == "bfloat16"
 
 
 # ----------------------------------------------------------------------------- passkey rows
@@ -140,15 +156,24 @@ def test_mixed_batches_depend_on_seed_and_index_only():
 
 
 def test_hub_rows_are_the_eos_joined_documents_read_in_order():
-    docs = iter(["ab", "c", "defgh", "ij"])
-    rows = PackedRows(docs, encode=lambda t: [ord(ch) for ch in t], eos_id=0)
+    docs = ["ab", "c", "defgh", "ij"]
+    rows = PackedRows(lambda: iter(docs), encode=lambda t: [ord(ch) for ch in t], eos_id=0)
     rng = np.random.default_rng(0)
-    assert rows(0, 2, 3, rng).tolist() == [[97, 98, 0], [99, 0, 100]]
-    assert rows(1, 1, 3, rng).tolist() == [[101, 102, 103]]
+    assert rows(0, 2, 3, rng).tolist() == [[97, 98, 0], [99, 0, 100]]  # batch 0: rows 0, 1
+    assert rows(1, 2, 3, rng).tolist() == [[101, 102, 103], [104, 0, 105]]  # batch 1: rows 2, 3
     with pytest.raises(ValueError, match="packed into 3"):
         rows(2, 1, 4, rng)
     with pytest.raises(RuntimeError, match="ran out of documents"):
-        rows(2, 2, 3, rng)  # [104, 0, 105] then only [106, 0] is left
+        rows(2, 2, 3, rng)  # only [106, 0] is left
+    # the next stage starts again at batch 0 and gets the same rows as the first
+    assert rows(0, 2, 3, rng).tolist() == [[97, 98, 0], [99, 0, 100]]
+
+
+def test_hub_rows_skip_the_batches_of_other_ranks():
+    rows = PackedRows(lambda: iter(["ab", "c", "defgh", "ij"]), encode=lambda t: [ord(ch) for ch in t], eos_id=0)
+    rng = np.random.default_rng(0)
+    assert rows(1, 1, 3, rng).tolist() == [[99, 0, 100]]  # rank 1 of 2: batches 1, 3, ...
+    assert rows(3, 1, 3, rng).tolist() == [[104, 0, 105]]
 
 
 def test_losses_average_text_and_passkey_tokens_separately():
@@ -159,23 +184,38 @@ def test_losses_average_text_and_passkey_tokens_separately():
     assert set(parts) == {"text", "passkey"}
     assert parts["passkey"].item() == pytest.approx(torch.log(torch.tensor(4.0)).item())
     assert parts["text"] < parts["passkey"]
+    assert weighted_loss(parts, 2.0, logits).item() == pytest.approx((parts["text"] + 2 * parts["passkey"]).item())
+    text_only = split_losses(logits, labels, None)  # no passkey rows: every scored token is text
+    assert set(text_only) == {"text"} and weighted_loss(text_only, 2.0, logits) == text_only["text"]
     assert lr_factor(0, 10, 100, "constant") == pytest.approx(0.1) and lr_factor(50, 10, 100, "constant") == 1.0
     assert lr_factor(100, 10, 100, "cosine", 0.1) == pytest.approx(0.1)
 
 
 # ----------------------------------------------------------------------------- checks and presets
 def test_presets_compose_cpu_is_the_default_and_validates(tmp_path):
-    default = compose_config("extend", [])
+    default = compose_config("config", ["experiment=context_extension/cpu"])
     assert default.experiment_name == "context_extension/cpu"
     validate(default)
-    assert default.extend.recipes == list(RECIPES) and default.extend.context == 2 * default.model.context
-    paper = compose_config("extend", ["experiment=context_extension/paper"])
+    assert default.extend.recipes == NAMED and default.extend.context == 2 * default.model.context
+    paper = compose_config("config", ["experiment=context_extension/paper"])
     assert (paper.extend.context, paper.extend.steps, paper.extend.lr, paper.extend.warmup_steps) == (8192, 1000, 2e-5, 50)
     assert paper.extend.batch_size * paper.extend.grad_accum == 64 and paper.data.source == "hub"
+    # bf16 autocast with fp32 trainables; the official TAPE (row-sum post map frozen at zero)
+    # and the corrected one (mixing post map, trained) side by side
+    assert (paper.trainer.precision, paper.model.frozen_dtype) == ("bf16-mixed", "bfloat16")
+    validate_precision = compose_config("config", ["experiment=context_extension/paper", "trainer=fsdp"])
+    with pytest.raises(PipelineConfigError, match="trainer=fsdp shards units of one dtype"):
+        validate(validate_precision)
+    for preset in (default, paper):
+        assert preset.extend.recipes == NAMED
+        assert dict(preset.recipes.tape) == {"recipe": "tape", "train_post_attn": False,
+                                             "tape_options": {"post_attn": "rowsum"}}
+        assert dict(preset.recipes.tape_mix) == {"recipe": "tape", "train_post_attn": True,
+                                                 "tape_options": {"post_attn": "mix"}}
 
 
 def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypatch):
-    cfg = compose_config("extend", ["experiment=context_extension/paper"])
+    cfg = compose_config("config", ["experiment=context_extension/paper"])
     with pytest.raises(PipelineConfigError, match=r"model\.pretrained_path.*huggingface-cli download"):
         validate(cfg)
     with open_dict(cfg):
@@ -200,12 +240,16 @@ def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypat
 @pytest.mark.parametrize("override, key", [
     ("extend.context=260", "extend.context=260 must split into recipes.longlora.s2attn_groups"),
     ("extend.context=64", "extend.context=64 must exceed model.context"),
-    ("extend.recipes=[yarn]", "unknown recipe 'yarn'"),
+    ("extend.recipes=[yarn]", "recipes.yarn .* is missing"),
+    ("recipes.tape.recipe=yarn", "recipes.tape.recipe=.yarn.: unknown recipe"),
     ("base.passkey_rows=17", "base.passkey_rows=17"),
+    ("base.checkpoint_every=0", "base.checkpoint_every=0 must be >= 1"),
+    ("model.frozen_dtype=bfloat16", "model.frozen_dtype=bfloat16 stores frozen weights .* trainer.precision=bf16-mixed"),
+    ("trainer.precision=bf16-true", "trainer.precision=bf16-true would train the weights in low precision"),
 ])
 def test_impossible_settings_name_their_key(override, key):
     with pytest.raises(PipelineConfigError, match=key.replace("[", r"\[")):
-        validate(compose_config("extend", [override]))
+        validate(compose_config("config", ["experiment=context_extension/cpu", override]))
 
 
 # ----------------------------------------------------------------------------- saved models
@@ -227,3 +271,91 @@ def test_saved_extended_model_reloads_with_the_same_logits(tmp_path, recipe):
     assert (before - after).abs().max() < 1e-4
     with pytest.raises(FileExistsError):
         save_model(model, tmp_path / recipe, {})
+
+
+# ----------------------------------------------------------------------------- resume and reuse
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def test_killed_run_resumes_at_the_first_unfinished_stage_and_inside_it(tmp_path, data_dir, monkeypatch):
+    from tape.lightning import HFCausalLMModule
+
+    short = ["extend.recipes=[tape,lora]", "extend.steps=3", "extend.checkpoint_every=1"]
+    step = HFCausalLMModule.training_step
+
+    def dies_in_lora(self, batch, batch_idx):
+        if self.hparams.stage == "lora" and self.trainer.global_step == 2:
+            raise RuntimeError("killed")  # as a kill: after the checkpoint of step 2
+        return step(self, batch, batch_idx)
+
+    monkeypatch.setattr(HFCausalLMModule, "training_step", dies_in_lora)
+    with pytest.raises(RuntimeError, match="killed"):
+        extend(extend_cfg(tmp_path, data_dir, *short, name="killed"))
+    models = tmp_path / "models"
+    assert sorted(p.name.split("-")[0] for p in models.iterdir() if not p.name.endswith(".work")) == ["base", "tape"]
+    work = [p for p in models.iterdir() if p.name.endswith(".work")]
+    assert [p.name.split("-")[0] for p in work] == ["lora"] and (work[0] / "checkpoints" / "last.ckpt").is_file()
+
+    monkeypatch.setattr(HFCausalLMModule, "training_step", step)
+    resumed = extend(extend_cfg(tmp_path, data_dir, *short, name="resumed"))
+    assert resumed["base_reused"] and resumed["tape_reused"] and not resumed["lora_reused"]
+    assert resumed["lora_steps"] == 3 and not work[0].exists()
+    info = json.loads((Path(resumed["lora_model"]) / "stage.json").read_text())
+    assert info["resumed_from"].endswith("last.ckpt")
+
+    clean = extend_cfg(tmp_path, data_dir, *short, name="clean")
+    with open_dict(clean):
+        clean.models_dir = str(tmp_path / "models_clean")
+    uninterrupted = extend(clean)
+    a, b = _weights(Path(resumed["lora_model"])), _weights(Path(uninterrupted["lora_model"]))
+    assert a.keys() == b.keys()
+    for k in a:  # the resumed stage replays exactly what an uninterrupted one does
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_reuse_models_false_retrains_and_replaces_the_saved_models(tmp_path, data_dir):
+    short = ["extend.recipes=[lora]", "base.steps=2"]
+    first = extend(extend_cfg(tmp_path, data_dir, *short, name="first"))
+    stamp = json.loads((Path(first["lora_model"]) / "stage.json").read_text())["stage_time_s"]
+    again = extend(extend_cfg(tmp_path, data_dir, *short, "reuse_models=false", name="again"))
+    assert not again["base_reused"] and not again["lora_reused"] and again["time_base_train_s"] > 0
+    assert again["lora_model"] == first["lora_model"]  # same settings, same directory, replaced
+    assert json.loads((Path(again["lora_model"]) / "stage.json").read_text())["stage_time_s"] != stamp
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "models").iterdir()) == ["base", "lora"]  # no leftovers
+
+
+@pytest.mark.slow
+def test_smoke_runs_on_two_ddp_processes(tmp_path, data_dir):
+    """trainer=ddp on 2 CPU processes (gloo) through the real command line: Lightning relaunches
+    it once; rank 0 saves the models and evaluates, both ranks train every stage."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "pipelines.train", "experiment=context_extension/smoke", "logger=csv",
+           "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "extend.recipes=[tape]",
+           f"paths.root_dir={tmp_path}", f"data.data_dir={data_dir}", f"data.vocab_size={VOCAB}"]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = (tmp_path / "runs" / "context_extension" / "smoke" / "llama" / "0").iterdir()
+    metrics = json.loads((run / "metrics.json").read_text())
+    for stage in ("base", "tape"):
+        info = json.loads((Path(metrics[f"{stage}_model"]) / "stage.json").read_text())
+        assert info["world_size"] == 2 and info["train"]["steps"] > 0
+    assert [r["method"] for r in _read_csv(run / "passkey.csv")] == ["base"] * 2 + ["tape"] * 2
+    header = (run / "csv" / "metrics.csv").read_text().splitlines()[0]
+    assert "base/loss" in header and "tape/loss" in header  # rank 0 logged both stages
+    assert not list((tmp_path / "runs" / "context_extension" / "models").glob("*.work"))
+
+
+def test_extend_alias_runs_the_cpu_preset_unless_told_otherwise():
+    from pipelines.extend import argv_with_experiment
+
+    assert argv_with_experiment(["seed=1"]) == ["seed=1", "experiment=context_extension/cpu"]
+    assert argv_with_experiment(["experiment=context_extension/smoke", "threads=1"]) == [
+        "experiment=context_extension/smoke", "threads=1"]

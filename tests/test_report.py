@@ -32,7 +32,7 @@ UNFINISHED = "unfinished: 1 run(s) without metrics.json"
 
 def make_run(runs: Path, experiment: str, pe: str, seed: int, name: str, metrics: dict | None,
              config: dict | None = None, files: dict[str, str] | None = None) -> Path:
-    """A run directory as pipelines.train / pipelines.extend leave it."""
+    """A run directory as pipelines.train leaves it."""
     run = runs / experiment / pe / str(seed) / name
     run.mkdir(parents=True)
     (run / "command.txt").write_text(

@@ -28,7 +28,7 @@ def finish(runs: Path, experiment: str, pe: str, seed: int, name: str, done: boo
 
 
 class FakeRunner:
-    """Records commands; 'runs' a pipelines.train/extend command by writing finished run dirs
+    """Records commands; 'runs' a pipelines.train command by writing finished run dirs
     (except for the PEs in ``fail``), and the benchmark by writing its JSON."""
 
     launched = itertools.count(1)  # over all runners: later runs get later (newer) directory names
@@ -71,7 +71,7 @@ def test_cpu_plan_lists_every_experiment_in_order(tmp_path: Path) -> None:
     assert [shlex.join(c) for c in commands(step(steps, "pretrain"))] == [
         "python -m pipelines.train -m experiment=pretrain/cpu pe=rope,alibi,randpe,fire,xpos,nope,tape seed=0"]
     assert [shlex.join(c) for c in commands(step(steps, "context_extension"))] == [
-        "python -m pipelines.extend experiment=context_extension/cpu seed=0"]
+        "python -m pipelines.train experiment=context_extension/cpu seed=0"]
     assert shlex.join(commands(step(steps, "benchmark"))[0]).startswith("python -m pipelines.benchmark")
     assert step(steps, "scrolls").unavailable.startswith("not run: data unavailable")
 

@@ -9,7 +9,8 @@ optionally ``prepare(cfg)`` (complete the config in place before validation),
 model's trained position range by pipelines.evaluate) and ``adopt(task_cfg, source, out_dir)``
 (fill null settings from the evaluated run, a pipelines.run_source.RunSource). ``passkey`` and
 ``perplexity`` are evaluation tasks only: pipelines.evaluate runs them on any finished run.
-Context extension runs on Hugging Face models through its own entry point (pipelines/extend.py).
+A task of several training stages (context extension) provides ``run(cfg)`` instead, and
+``pipelines.train`` hands it the whole run.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pipelines.utils import PipelineConfigError
 
 TASKS = {
     "addition": "pipelines.tasks.addition",
+    "context_extension": "pipelines.tasks.context_extension",
     "flipflop": "pipelines.tasks.flipflop",
     "passkey": "pipelines.tasks.passkey",
     "perplexity": "pipelines.tasks.perplexity",

@@ -45,18 +45,28 @@ def mergeable(model: nn.Module) -> nn.Module:
     return model
 
 
-def save_model(model: nn.Module, path: str | os.PathLike, meta: dict[str, Any]) -> nn.Module:
+def save_model(model: nn.Module, path: str | os.PathLike, meta: dict[str, Any],
+               replace: bool = False) -> nn.Module:
     """Merge (see :func:`mergeable`) and save to ``path`` with ``meta`` as ``stage.json``;
-    returns the merged model. ``path`` must not exist yet."""
+    returns the merged model. ``path`` must not exist yet, unless ``replace``: then the new
+    model is written in full first and swapped in by renames, so a crash never leaves a partial
+    model at ``path``."""
     path = Path(path)
-    if path.exists():
-        raise FileExistsError(f"{path} exists; saved models are never overwritten")
+    if path.exists() and not replace:
+        raise FileExistsError(f"{path} exists; saved models are never overwritten (pass replace=True "
+                              "to retrain over it)")
     model = mergeable(model)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     (tmp / "stage.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    tmp.rename(path)
+    if path.exists():
+        old = path.with_name(f"{path.name}.old-{os.getpid()}")
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(path)
     return model
 
 

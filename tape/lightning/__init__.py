@@ -2,8 +2,10 @@
 
 from tape.lightning.callbacks import TokensPerSecond
 from tape.lightning.datamodule import (
-    AdditionDataModule, FineTuneDataModule, TextDataModule,
+    AdditionDataModule, FineTuneDataModule, IndexedBatchDataModule, TextDataModule,
 )
+from tape.lightning.hf_module import HFCausalLMModule
 from tape.lightning.module import CausalLMModule
 
-__all__ = ["AdditionDataModule", "FineTuneDataModule", "CausalLMModule", "TextDataModule", "TokensPerSecond"]
+__all__ = ["AdditionDataModule", "CausalLMModule", "FineTuneDataModule", "HFCausalLMModule",
+           "IndexedBatchDataModule", "TextDataModule", "TokensPerSecond"]

@@ -122,3 +122,32 @@ class FineTuneDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_rows, batch_size=self.batch_size, shuffle=False,
                           collate_fn=collate_rows)
+
+
+class IndexedBatchStream(IterableDataset):
+    """Batches ``batch_fn(k * world_size + rank)`` for k = start, start + 1, ...: each rank reads
+    its own share of one seeded stream, and one process reads it in order."""
+
+    def __init__(self, batch_fn: Callable[[int], dict[str, Tensor]], rank: int = 0, world_size: int = 1,
+                 start: int = 0) -> None:
+        super().__init__()
+        self.batch_fn, self.rank, self.world_size, self.start = batch_fn, rank, world_size, start
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        index = self.start
+        while True:
+            yield self.batch_fn(index * self.world_size + self.rank)
+            index += 1
+
+
+class IndexedBatchDataModule(L.LightningDataModule):
+    """Training only, from a function of the batch index (context extension's mixed text and
+    passkey batches); on resume the stream continues at the first batch not yet trained on."""
+
+    def __init__(self, batch_fn: Callable[[int], dict[str, Tensor]]) -> None:
+        super().__init__()
+        self.batch_fn = batch_fn
+
+    def train_dataloader(self) -> DataLoader:
+        start, rank, world = stream_position(self.trainer)
+        return loader(IndexedBatchStream(self.batch_fn, rank, world, start))

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from tape.data.addition import IGNORE_INDEX
 from tape.model import DecoderLM, ModelConfig
-from tape.schedule import lr_factor
+from tape.schedule import adamw_with_schedule
 
 
 class CausalLMModule(L.LightningModule):
@@ -78,15 +78,7 @@ class CausalLMModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer,
-            lambda step: lr_factor(step, hp.warmup_steps, hp.total_steps, hp.schedule, hp.min_lr_ratio),
-        )
+        optimizer, scheduler = adamw_with_schedule(
+            self.named_parameters(), hp.lr, tuple(hp.betas), hp.eps, hp.weight_decay,
+            hp.warmup_steps, hp.total_steps, hp.schedule, hp.min_lr_ratio)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

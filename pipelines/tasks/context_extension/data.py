@@ -104,20 +104,36 @@ def _hub_documents(cfg: DictConfig) -> Iterator[str]:
 
 class PackedRows:
     """Documents joined with EOS, tokenised and cut into rows of ``seq_len`` tokens, read in
-    order (row i is the i-th row of the stream; the paper packed RedPajama the same way)."""
+    order (the paper packed RedPajama the same way): batch ``index`` gets rows
+    ``index * count .. (index + 1) * count - 1`` of the stream. The rows of skipped indices
+    (other ranks' batches, batches trained before a resume) are read past; an index below the
+    last one read (the next stage starting at batch 0) reopens the stream, so every recipe
+    trains on the same rows."""
 
-    def __init__(self, docs: Iterator[str], encode: Callable[[str], list[int]], eos_id: int) -> None:
-        self.docs, self.encode, self.eos_id = docs, encode, eos_id
+    def __init__(self, open_docs: Callable[[], Iterator[str]], encode: Callable[[str], list[int]],
+                 eos_id: int) -> None:
+        self.open_docs, self.encode, self.eos_id = open_docs, encode, eos_id
         self.seq_len: int | None = None
+        self.next_row = 0
         self.blocks: Iterator[list[int]] = iter(())
+
+    def _open(self) -> None:
+        docs = (self.encode(d) for d in self.open_docs())
+        self.blocks, self.next_row = pack_blocks(docs, self.seq_len, None, self.eos_id), 0
 
     def __call__(self, index: int, count: int, seq_len: int, rng: np.random.Generator) -> Tensor:
         if self.seq_len is None:
             self.seq_len = seq_len
-            self.blocks = pack_blocks((self.encode(d) for d in self.docs), seq_len, None, self.eos_id)
+            self._open()
         elif seq_len != self.seq_len:
             raise ValueError(f"rows of {seq_len} tokens asked from a stream packed into {self.seq_len}")
+        first = index * count
+        if first < self.next_row:
+            self._open()
+        for _ in itertools.islice(self.blocks, first - self.next_row):
+            pass
         rows = list(itertools.islice(self.blocks, count))
+        self.next_row = first + len(rows)
         if len(rows) < count:
             raise RuntimeError("the training stream ran out of documents")
         return torch.tensor(rows)  # (count, seq_len)
@@ -128,13 +144,13 @@ def _hub(cfg: DictConfig) -> ExtensionData:
 
     from tape.metrics.perplexity import load_token_file
 
-    docs = _hub_documents(cfg)  # fails first, and fast, without network
+    _hub_documents(cfg)  # fails first, and fast, without network
     tok = AutoTokenizer.from_pretrained(cfg.model.pretrained_path)
     encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     evals = {name: load_token_file(str(path)) for name, path in cfg.data.eval_files.items()}
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return ExtensionData(encode=encode, pad_id=pad, vocab_size=len(tok),
-                         train_rows=PackedRows(docs, encode, tok.eos_token_id),
+                         train_rows=PackedRows(lambda: _hub_documents(cfg), encode, tok.eos_token_id),
                          eval_tokens=evals)
 
 

@@ -1,0 +1,194 @@
+"""Context extension (tape-spec B, D.3; the paper's Table 2 and Fig. 3) end to end:
+``python -m pipelines.train experiment=context_extension/cpu``.
+
+Pretrains (or loads) a RoPE Llama at context C, extends it to ``extend.context`` with each
+named recipe of ``extend.recipes`` (tape = the official TAPE variant, tape_mix, lora, longlora,
+theta; ``recipes.<name>`` gives the base recipe and its options), then evaluates the base and
+every recipe on rank 0: perplexity per corpus and length (LongLoRA protocol) and passkey
+accuracy per length. Every training stage is a Lightning fit with the ``trainer`` preset (see
+stages.py). The run directory runs/<experiment>/llama/<seed>/<time>-<id>/ gets config.yaml,
+command.txt, metrics.json (flat, with each stage's wall time), perplexity.csv, passkey.csv,
+tables.md and passkey.png. Trained models live in ``models_dir`` and are reused by later runs
+with identical settings.
+
+Unlike the other tasks this one runs several fits, so it provides ``run(cfg)`` and
+``pipelines.train`` hands it the whole run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from pipelines.tasks.context_extension.data import check_inputs, describe, load_data
+from pipelines.tasks.context_extension.report import (
+    PASSKEY_FIELDS, PPL_FIELDS, passkey_table, perplexity_table, plot_passkey, write_csv,
+)
+from pipelines.tasks.context_extension.stages import (
+    DTYPES, base_stage, evaluate_stage, passkey_sizes, recipe_spec, recipe_stage,
+)
+from pipelines.utils import PipelineConfigError, claim_run_dir, instantiate_group, is_rank_zero, write_json_once
+from tape.hf.io import load_model
+from tape.hf.recipes import RECIPES
+
+log = logging.getLogger("pipelines.context_extension")
+MIXED = ("16-mixed", "bf16-mixed")
+
+
+def _check_precision(cfg: DictConfig) -> None:
+    precision = str(cfg.trainer.precision)
+    if precision.endswith("-true") and not precision.startswith(("32", "64")):
+        raise PipelineConfigError(
+            f"trainer.precision={precision} would train the weights in low precision (Adam steps of "
+            "lr 2e-5 vanish below half a bf16 ulp); use trainer.precision=bf16-mixed (autocast, fp32 "
+            "weights and optimizer state) and model.frozen_dtype=bfloat16 to store frozen weights small")
+    frozen = cfg.model.frozen_dtype
+    if frozen not in DTYPES:
+        raise PipelineConfigError(f"model.frozen_dtype={frozen}: choose one of {list(DTYPES)}")
+    if frozen != "float32" and precision not in MIXED:
+        raise PipelineConfigError(
+            f"model.frozen_dtype={frozen} stores frozen weights in low precision, which only autocast "
+            f"can multiply with fp32 activations: set trainer.precision=bf16-mixed (got {precision}) "
+            "or model.frozen_dtype=float32")
+    strategy = cfg.trainer.get("strategy")
+    target = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy or "")
+    if frozen != "float32" and "fsdp" in target.lower():
+        raise PipelineConfigError(
+            f"trainer=fsdp shards units of one dtype: model.frozen_dtype={frozen} mixes bf16 frozen and "
+            "fp32 trainable weights in a unit; set model.frozen_dtype=float32 with trainer=fsdp")
+    if cfg.eval.dtype not in DTYPES:
+        raise PipelineConfigError(f"eval.dtype={cfg.eval.dtype}: choose one of {list(DTYPES)}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Every impossible setting, before anything loads or trains."""
+    C, T = int(cfg.model.context), int(cfg.extend.context)
+    if T <= C:
+        raise PipelineConfigError(f"extend.context={T} must exceed model.context={C}")
+    for name in cfg.extend.recipes:
+        if name not in cfg.recipes:
+            raise PipelineConfigError(f"extend.recipes lists {name} but recipes.{name} (its base recipe and "
+                                      f"options) is missing; defined: {list(cfg.recipes)}")
+        recipe, options = recipe_spec(cfg, name)
+        if recipe not in RECIPES:
+            raise PipelineConfigError(f"recipes.{name}.recipe={recipe!r}: unknown recipe; choose from {list(RECIPES)}")
+        if recipe == "longlora" and T % (2 * int(options.get("s2attn_groups", 4))):
+            groups = int(options.get("s2attn_groups", 4))
+            raise PipelineConfigError(
+                f"extend.context={T} must split into recipes.{name}.s2attn_groups={groups} groups of "
+                f"even size (a multiple of {2 * groups}) for LongLoRA's shifted sparse attention")
+    for section in ("base", "extend"):
+        s = cfg[section]
+        if not 0 <= s.passkey_rows <= s.batch_size:
+            raise PipelineConfigError(f"{section}.passkey_rows={s.passkey_rows} must be in [0, {section}.batch_size]")
+        for key in ("steps", "grad_accum", "checkpoint_every", "log_every"):
+            if int(s[key]) < 1:
+                raise PipelineConfigError(f"{section}.{key}={s[key]} must be >= 1")
+    _check_precision(cfg)
+    for n in cfg.eval.perplexity_lengths:
+        if n < 2:
+            raise PipelineConfigError(f"eval.perplexity_lengths: {n} < 2 tokens")
+    check_inputs(cfg)
+
+
+def eval_device(cfg: DictConfig) -> str:
+    """Evaluation runs on the GPU when the trainer preset may use one and there is one."""
+    gpu = str(cfg.trainer.accelerator) in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+    return "cuda" if gpu else "cpu"
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Every stage: train (all processes), then evaluate on rank 0; write metrics.json, the
+    CSVs, tables.md and passkey.png. Returns the metrics (empty on the other ranks)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar for every stage
+    t_start = time.perf_counter()
+    validate(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    if is_rank_zero():
+        claim_run_dir(run_dir, cfg, "pipelines.train")
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    models_dir = Path(cfg.models_dir)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    metrics: dict[str, Any] = {"task": "context_extension", "scale": cfg.scale, "seed": cfg.seed,
+                               "experiment": cfg.experiment_name, "context": cfg.model.context,
+                               "target_context": cfg.extend.context, "device": eval_device(cfg),
+                               "precision": str(cfg.trainer.precision), "threads": torch.get_num_threads()}
+    loggers = instantiate_group(cfg.get("logger"))
+    t0 = time.perf_counter()
+    data = load_data(cfg)
+    sizes = passkey_sizes(cfg, data)
+    metrics.update(describe(data), time_data_s=time.perf_counter() - t0)
+
+    base_path, base = base_stage(cfg, data, models_dir, loggers)
+    metrics.update(base_model=str(base_path), base_reused=bool(base.get("reused")),
+                   time_base_train_s=0.0 if base.get("reused") else base.get("stage_time_s", 0.0))
+    metrics.update({f"base_{k}": v for k, v in base.get("train", {}).items()})
+    trained = {"base": base_path}
+    for name in cfg.extend.recipes:
+        path, info = recipe_stage(cfg, name, base_path, base["key"], data, models_dir, loggers)
+        trained[name] = path
+        metrics.update({f"{name}_model": str(path), f"{name}_reused": bool(info.get("reused")),
+                        f"{name}_trainable_params": info.get("trainable_params"),
+                        f"time_train_{name}_s": 0.0 if info.get("reused") else info["stage_time_s"]})
+        metrics.update({f"{name}_{k}": v for k, v in info.get("train", {}).items()})
+    if not is_rank_zero():
+        return {}  # rank 0 evaluates the saved models
+    metrics.update(evaluate_all(cfg, trained, data, sizes, run_dir))
+    metrics["wall_time_s"] = time.perf_counter() - t_start
+    for lg in loggers:
+        lg.log_metrics({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, float)}, step=0)
+        lg.finalize("success")
+    write_json_once(run_dir / "metrics.json", metrics)
+    return metrics
+
+
+def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, sizes: dict[int, int],
+                 run_dir: Path) -> dict[str, Any]:
+    """Evaluate every saved model (base first); write the CSVs, tables.md and passkey.png."""
+    metrics: dict[str, Any] = {}
+    ppl_rows, key_rows = [], []
+    dtype, device = DTYPES[cfg.eval.dtype], eval_device(cfg)
+    for method, path in trained.items():
+        t = time.perf_counter()
+        model = load_model(path, dtype, device)
+        p, k = evaluate_stage(cfg, method, model, data, sizes)
+        del model
+        ppl_rows.extend(p)
+        key_rows.extend(k)
+        metrics[f"time_eval_{method}_s"] = time.perf_counter() - t
+        metrics.update({f"ppl_{r['corpus']}_{r['length']}_{method}": r["perplexity"] for r in p})
+        metrics.update({f"passkey_{r['target_tokens']}_{method}": r["accuracy"] for r in k})
+        if method == "base":
+            metrics.update(_base_check(cfg, k))
+    write_csv(ppl_rows, PPL_FIELDS, run_dir / "perplexity.csv")
+    write_csv(key_rows, PASSKEY_FIELDS, run_dir / "passkey.csv")
+    tables = (f"## Perplexity (lower is better; bold = best extended model)\n\n{perplexity_table(ppl_rows)}\n\n"
+              f"## Passkey accuracy ({cfg.eval.passkey_trials} trials; column = max prompt tokens "
+              f"(mean))\n\n{passkey_table(key_rows)}\n")
+    with open(run_dir / "tables.md", "x") as f:
+        f.write(tables)
+    plot_passkey(key_rows, run_dir / "passkey.png",
+                 f"Passkey retrieval, {cfg.experiment_name} (C={cfg.model.context})", cfg.model.context)
+    print(tables)
+    return metrics
+
+
+def _base_check(cfg: DictConfig, key_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the base retrieves at its own context (else the extension measures little)."""
+    at_c = [r["accuracy"] for r in key_rows if r["target_tokens"] == cfg.model.context]
+    if not at_c:
+        return {}
+    ok = at_c[0] >= cfg.eval.min_base_passkey
+    if not ok:
+        log.warning("the base model retrieves %.0f%% of passkeys at its context %d (< %.0f%%): the "
+                    "extension results measure little", 100 * at_c[0], cfg.model.context,
+                    100 * cfg.eval.min_base_passkey)
+    return {"base_passkey_at_context": at_c[0], "base_retrieves": ok}

@@ -1,0 +1,280 @@
+"""The stages of the context-extension experiment, each skippable when its output exists:
+
+1. ``base_stage``: pretrain a small RoPE Llama at ``model.context`` (text + passkey rows), or
+   use ``model.pretrained_path``;
+2. ``recipe_stage``: load the base, apply one named recipe for ``extend.context``, fine-tune,
+   merge, save;
+3. ``evaluate_stage``: perplexity per corpus and length, passkey accuracy per length.
+
+Each training stage is one Lightning ``fit`` of :class:`~tape.lightning.HFCausalLMModule` with
+the ``trainer`` preset (cpu, gpu, ddp, fsdp, num_nodes); its step counts, accumulation and
+clipping come from the stage's section (``base`` or ``extend``). Trained models are saved under
+``models_dir/<stage>-<hash of every setting that shaped it>/`` (written atomically): a later run
+with the same settings reuses them (``reuse_models=true``), so a killed run resumes at the first
+unfinished stage; inside a stage, ``<dir>.work/checkpoints/last.ckpt`` (every
+``checkpoint_every`` steps) resumes training where it stopped. ``reuse_models=false`` trains
+every stage from its start and replaces the saved model after success. Run results always go to
+the new run's own directory.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import hydra
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import FSDPStrategy
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
+from pipelines.utils import PipelineConfigError, is_rank_zero
+from tape.data.passkey import garbage_for_tokens, passkey_accuracy
+from tape.hf.io import build_llama, is_saved_model, load_model, save_model
+from tape.lightning import HFCausalLMModule, IndexedBatchDataModule
+from tape.metrics.perplexity import sliding_window_perplexity
+
+log = logging.getLogger("pipelines.context_extension")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# model.* keys that shape the base model (the shared model block of conf/config.yaml is ignored)
+LLAMA_KEYS = ("context", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+              "rope_theta")
+UNSHAPING = ("log_every", "checkpoint_every")  # section keys that do not change the trained model
+
+
+def settings_key(settings: dict[str, Any]) -> str:
+    """A short hash of JSON-serialisable settings."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def _train_data(cfg: DictConfig) -> dict[str, Any]:
+    """The data settings that shape training (not the evaluation files)."""
+    return {k: v for k, v in _plain(cfg.data).items() if k != "eval_files"}
+
+
+def _section(section: DictConfig) -> dict[str, Any]:
+    return {k: v for k, v in _plain(section).items() if k not in UNSHAPING}
+
+
+def _hardware(cfg: DictConfig) -> dict[str, Any]:
+    """Trainer settings that change the numbers: autocast, and the world size (batches are per
+    process, so more processes train on more rows per step)."""
+    t = cfg.trainer
+    return {"precision": str(t.precision), "devices": str(t.devices), "num_nodes": int(t.get("num_nodes") or 1)}
+
+
+def recipe_spec(cfg: DictConfig, name: str) -> tuple[str, dict[str, Any]]:
+    """(base recipe, keyword options) of the named recipe ``recipes.<name>``; the base recipe is
+    its ``recipe`` key (default: the name itself), e.g. tape_mix -> tape with the mix post map."""
+    options = dict(_plain(cfg.recipes[name]))
+    return str(options.pop("recipe", name)), options
+
+
+def barrier() -> None:
+    """Wait for every process (no-op in a single process)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _reuse(path: Path, cfg: DictConfig) -> dict[str, Any] | None:
+    if cfg.reuse_models and is_saved_model(path):
+        log.info("reusing %s", path)
+        return {**json.loads((path / "stage.json").read_text()), "reused": True}
+    return None
+
+
+# ---------------------------------------------------------------------------- training
+def make_trainer(cfg: DictConfig, section: DictConfig, work: Path, loggers: list[Any]) -> L.Trainer:
+    """The ``trainer`` preset with the stage's steps, accumulation, clipping and checkpoints
+    (``<work>/checkpoints/last.ckpt`` every ``checkpoint_every`` steps); no validation loop."""
+    every = int(section.checkpoint_every)
+    checkpoint = ModelCheckpoint(dirpath=work / "checkpoints", save_last=True, save_top_k=0,
+                                 every_n_train_steps=every)
+    return hydra.utils.instantiate(
+        cfg.trainer, default_root_dir=str(work), max_steps=int(section.steps),
+        accumulate_grad_batches=int(section.grad_accum), gradient_clip_val=section.grad_clip or None,
+        log_every_n_steps=int(section.log_every), val_check_interval=None, check_val_every_n_epoch=None,
+        limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False,
+        logger=loggers or False, callbacks=[checkpoint])
+
+
+def trained_model(trainer: L.Trainer, module: HFCausalLMModule, build: Callable[[], nn.Module],
+                  work: Path, through_checkpoint: bool | None = None) -> nn.Module | None:
+    """The trained model with full weights on rank 0 (None on the other ranks). Under FSDP each
+    rank holds shards only: the full state dict is gathered into a checkpoint (the preset's
+    state_dict_type=full) and loaded into a freshly built model (``through_checkpoint`` forces
+    that path)."""
+    if through_checkpoint is None:
+        through_checkpoint = isinstance(trainer.strategy, FSDPStrategy)
+    if not through_checkpoint:
+        return module.model if trainer.is_global_zero else None
+    path = work / "full.ckpt"
+    trainer.save_checkpoint(path, weights_only=True)  # collective: rank 0 writes full weights
+    if not trainer.is_global_zero:
+        return None
+    model = build()
+    state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    missing, unexpected = model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()},
+                                                strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"the gathered checkpoint does not fit the rebuilt model: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    return model
+
+
+def train_stage(cfg: DictConfig, name: str, build: Callable[[], nn.Module], section: DictConfig,
+                seq_len: int, garbage: tuple[int, int], data: ExtensionData, path: Path,
+                meta: dict[str, Any], loggers: list[Any]) -> dict[str, Any]:
+    """Fit ``build()`` on the mixed batches as one Lightning run, save it (merged) at ``path``
+    on rank 0, and return its stage info. Resumes from ``<path>.work`` when a killed run left
+    a checkpoint there (unless reuse_models=false)."""
+    work = path.with_name(f"{path.name}.work")
+    last = work / "checkpoints" / "last.ckpt"
+    if not cfg.reuse_models and is_rank_zero():
+        shutil.rmtree(work, ignore_errors=True)  # every stage from its start
+    resume = last if cfg.reuse_models and last.is_file() else None  # every rank decides alike
+    model = build()
+    h = section
+    module = HFCausalLMModule(model, stage=name, lr=h.lr, betas=tuple(h.betas), weight_decay=h.weight_decay,
+                              warmup_steps=h.warmup_steps, schedule=h.schedule, min_lr_ratio=h.min_lr_ratio,
+                              total_steps=h.steps, passkey_weight=h.passkey_weight, log_every=h.log_every)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_params = sum(p.numel() for p in model.parameters())
+    batches = mixed_batches(data, seq_len, h.batch_size, h.passkey_rows, cfg.seed, garbage)
+    trainer = make_trainer(cfg, section, work, loggers)
+    if resume:
+        log.info("%s: resuming from %s", name, resume)
+    t0 = time.perf_counter()
+    trainer.fit(module, datamodule=IndexedBatchDataModule(batches), ckpt_path=resume)
+    elapsed = time.perf_counter() - t0
+    if trainer.interrupted:
+        raise RuntimeError(f"training stage {name} was interrupted; rerun the same command to resume it")
+    start = module.start_step
+    stats = {k.split("/", 1)[1]: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(f"{name}/")}
+    stats.update(steps=trainer.global_step, train_time_s=elapsed,
+                 steps_per_s=(trainer.global_step - start) / max(elapsed, 1e-9))
+    info = {**meta, "train": stats, "trainable_params": trainable, "n_params": n_params, "stage_time_s": elapsed,
+            "resumed_from": str(resume) if resume else None, "world_size": trainer.world_size, "reused": False}
+    full = trained_model(trainer, module, build, work)
+    if full is not None:
+        save_model(full, path, info, replace=not cfg.reuse_models)
+        shutil.rmtree(work, ignore_errors=True)
+    del trainer, module, model, full
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the next stage loads its own copy of the base
+    barrier()  # the other ranks load this model in the next stage
+    return info
+
+
+def set_dtypes(model: nn.Module, frozen_dtype: torch.dtype) -> nn.Module:
+    """Trainable parameters fp32 (AdamW's state follows them), frozen ones ``frozen_dtype``."""
+    for p in model.parameters():
+        p.data = p.data.float() if p.requires_grad else p.data.to(frozen_dtype)
+    return model
+
+
+def base_stage(cfg: DictConfig, data: ExtensionData, models_dir: Path,
+               loggers: list[Any]) -> tuple[Path, dict[str, Any]]:
+    """The base model's directory and its stage info (training losses, times, key)."""
+    if cfg.model.pretrained_path:
+        return Path(cfg.model.pretrained_path), {"pretrained": True, "key": str(cfg.model.pretrained_path)}
+    m = cfg.model
+    settings = {"model": {k: _plain(m[k]) for k in LLAMA_KEYS}, "data": _train_data(cfg),
+                "base": _section(cfg.base), "seed": cfg.seed, "garbage": base_garbage_range(cfg, data),
+                "hardware": _hardware(cfg)}
+    key = settings_key(settings)
+    path = models_dir / f"base-{key}"
+    if (info := _reuse(path, cfg)) is not None:
+        return path, info
+
+    def build() -> nn.Module:
+        return build_llama(data.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers, m.num_heads,
+                           m.num_kv_heads, m.context, m.rope_theta, seed=cfg.seed)
+
+    meta = {"key": key, "settings": settings}
+    return path, train_stage(cfg, "base", build, cfg.base, m.context, settings["garbage"], data, path,
+                             meta, loggers)
+
+
+def base_garbage_range(cfg: DictConfig, data: ExtensionData) -> tuple[int, int]:
+    """Filler characters of the passkey rows of pretraining: prompts of
+    base.passkey_min_tokens .. model.context tokens."""
+    if not cfg.base.passkey_rows:
+        return (0, 0)
+    return (_garbage(data, cfg.base.passkey_min_tokens, "base.passkey_min_tokens"),
+            _garbage(data, cfg.model.context, "model.context"))
+
+
+def recipe_stage(cfg: DictConfig, name: str, base_path: Path, base_key: str, data: ExtensionData,
+                 models_dir: Path, loggers: list[Any]) -> tuple[Path, dict[str, Any]]:
+    """Apply the named recipe to the base for extend.context, fine-tune, merge and save."""
+    from tape.hf.recipes import apply_recipe
+
+    recipe, options = recipe_spec(cfg, name)
+    settings = {"base": base_key, "recipe": recipe, "options": options, "extend": _section(cfg.extend),
+                "data": _train_data(cfg), "seed": cfg.seed, "context": cfg.model.context,
+                "frozen_dtype": cfg.model.frozen_dtype, "hardware": _hardware(cfg)}
+    key = settings_key(settings)
+    path = models_dir / f"{name}-{key}"
+    if (info := _reuse(path, cfg)) is not None:
+        return path, info
+    frozen = DTYPES[cfg.model.frozen_dtype]
+
+    def build() -> nn.Module:
+        model = load_model(base_path, frozen)  # a 7B base is loaded once, in the frozen dtype
+        torch.manual_seed(cfg.seed)  # TAPE's fresh maps and LoRA's A matrices
+        model = apply_recipe(model, recipe, target_context=cfg.extend.context,
+                             original_context=cfg.model.context, **options)
+        if cfg.extend.gradient_checkpointing:  # transformers 5 name, else the older one
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
+        return set_dtypes(model.train(), frozen)
+
+    garbage = (0, _garbage(data, cfg.extend.context, "extend.context")) if cfg.extend.passkey_rows else (0, 0)
+    meta = {"key": key, "settings": settings}
+    return path, train_stage(cfg, name, build, cfg.extend, cfg.extend.context, garbage, data, path, meta, loggers)
+
+
+def _garbage(data: ExtensionData, tokens: int, key: str) -> int:
+    try:
+        return garbage_for_tokens(data.encode, tokens)
+    except ValueError as err:
+        raise PipelineConfigError(f"{key}: {err}; raise {key}") from None
+
+
+def passkey_sizes(cfg: DictConfig, data: ExtensionData) -> dict[int, int]:
+    """Target prompt length (tokens) -> filler characters."""
+    return {int(n): _garbage(data, int(n), "eval.passkey_lengths") for n in cfg.eval.passkey_lengths}
+
+
+# ---------------------------------------------------------------------------- evaluation
+def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module, data: ExtensionData,
+                   sizes: dict[int, int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(perplexity rows, passkey rows) of one model: the one call that the task=perplexity and
+    task=passkey evaluations (pipelines/tasks/{perplexity,passkey}.py) will replace."""
+    e = cfg.eval
+    ppl, keys = [], []
+    for corpus, tokens in data.eval_tokens.items():
+        for length in e.perplexity_lengths:
+            r = sliding_window_perplexity(model, tokens, int(length), e.stride, e.batch_size, e.max_windows)
+            ppl.append({"method": method, "corpus": corpus, "length": int(length), **r})
+            log.info("%s %s L=%d ppl %.3f", method, corpus, length, r["perplexity"])
+    for target, n_garbage in sizes.items():
+        r = passkey_accuracy(model, data.encode, n_garbage, e.passkey_trials, e.passkey_seed)
+        keys.append({"method": method, "target_tokens": target, "n_garbage": n_garbage, **r})
+        log.info("%s passkey <=%d tokens: %.2f", method, target, r["accuracy"])
+    return ppl, keys

@@ -1,0 +1,33 @@
+"""The context-extension training loss: text tokens and passkey answers averaged separately.
+
+Batches are dicts with ``input_ids`` (B, N), ``labels`` (B, N; -100 = not scored; labels[t] is
+the target at position t, shifted here as in Hugging Face) and optionally ``passkey`` (B,) bool,
+marking passkey rows. The loss is the mean over scored text tokens plus ``passkey_weight`` times
+the mean over scored passkey tokens: averaged separately, the few answer tokens of the passkey
+rows are not drowned by the text tokens.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def split_losses(logits: Tensor, labels: Tensor, passkey: Tensor | None) -> dict[str, Tensor]:
+    """Mean next-token NLL over text rows and over passkey rows (keys present when scored).
+    logits: (B, N, V), labels: (B, N), passkey: (B,) bool or None."""
+    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), labels[:, 1:], ignore_index=-100,
+                          reduction="none")  # (B, N-1)
+    scored = labels[:, 1:] != -100  # (B, N-1)
+    rows = labels.new_zeros(labels.shape[0], dtype=bool) if passkey is None else passkey.bool()
+    out = {}
+    for name, mask in (("text", scored & ~rows[:, None]), ("passkey", scored & rows[:, None])):
+        if mask.any():
+            out[name] = nll[mask].mean()
+    return out
+
+
+def weighted_loss(parts: dict[str, Tensor], passkey_weight: float, like: Tensor) -> Tensor:
+    """text + passkey_weight * passkey (a missing part counts 0, keeping the graph on ``like``)."""
+    zero = like.new_zeros(()) * like.sum()  # 0 with a graph: a batch may score nothing
+    return parts.get("text", zero) + passkey_weight * parts.get("passkey", zero)

@@ -1,0 +1,81 @@
+"""HFCausalLMModule: trains a Hugging Face causal LM (a context-extension recipe applied, or a
+fresh Llama) with the masked text + passkey loss and the shared AdamW schedule.
+
+The module wraps a model built by the caller (recipes change its structure), so a checkpoint
+restores into an identically rebuilt model. Trainable parameters must be fp32 (checked when the
+optimizer is built); low precision comes from ``trainer.precision`` (autocast) only, and frozen
+weights may be stored in bf16 to save memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning as L
+from torch import Tensor, nn
+
+from tape.hf.loss import split_losses, weighted_loss
+from tape.schedule import adamw_with_schedule
+
+log = logging.getLogger("tape.lightning")
+
+
+class HFCausalLMModule(L.LightningModule):
+    """One training stage of a Hugging Face causal LM; metrics are logged as ``<stage>/<name>``."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        stage: str = "train",
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        schedule: str = "constant",
+        min_lr_ratio: float = 0.1,
+        total_steps: int = 1000,
+        passkey_weight: float = 1.0,
+        log_every: int = 10,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["model"])
+        self.model = model
+        self.start_step = 0  # the step this fit started at (> 0 when resumed from a checkpoint)
+
+    def on_train_start(self) -> None:
+        self.start_step = self.trainer.global_step
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        return self.model(input_ids=input_ids).logits  # (B, N, V)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        logits = self(batch["input_ids"])  # (B, N, V)
+        parts = split_losses(logits, batch["labels"], batch.get("passkey"))
+        loss = weighted_loss(parts, self.hparams.passkey_weight, logits)
+        b, name = batch["input_ids"].shape[0], self.hparams.stage
+        for key, value in parts.items():
+            self.log(f"{name}/loss_{key}", value, batch_size=b)
+        self.log(f"{name}/loss", loss, prog_bar=True, batch_size=b)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """A log line every ``log_every`` optimizer steps (and at the last), on rank 0."""
+        step, hp = self.trainer.global_step, self.hparams
+        at_step_end = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
+        if not (self.trainer.is_global_zero and at_step_end):
+            return
+        if (step - 1) % max(1, hp.log_every) == 0 or step == self.trainer.max_steps:
+            values = {k.split("/", 1)[1]: float(v) for k, v in self.trainer.callback_metrics.items()
+                      if k.startswith(f"{hp.stage}/")}
+            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+            log.info("%s step %d: %s lr=%.3g", hp.stage, step,
+                     " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items())), lr)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        optimizer, scheduler = adamw_with_schedule(
+            self.model.named_parameters(), hp.lr, tuple(hp.betas), hp.eps, hp.weight_decay,
+            hp.warmup_steps, hp.total_steps, hp.schedule, hp.min_lr_ratio)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

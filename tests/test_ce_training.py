@@ -1,0 +1,167 @@
+"""Training of the context-extension stages through Lightning: bf16-mixed autocast trains every
+trainable tensor of every recipe, FSDP wraps and steps with the preset's policy, a sharded
+model's full weights come back through the checkpoint path."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from hydra.utils import instantiate
+
+pytest.importorskip("transformers")
+from conftest import compose_config  # noqa: E402
+from pipelines.tasks.context_extension.stages import set_dtypes, trained_model  # noqa: E402
+from tape.hf.io import build_llama, load_model, save_model  # noqa: E402
+from tape.hf.recipes import apply_recipe  # noqa: E402
+from tape.lightning import HFCausalLMModule, IndexedBatchDataModule  # noqa: E402
+
+V, N = 64, 32
+NAMED = {  # the presets' named recipes (conf/task/context_extension.yaml)
+    "tape": ("tape", {"train_post_attn": False, "tape_options": {"post_attn": "rowsum"}}),
+    "tape_mix": ("tape", {"train_post_attn": True, "tape_options": {"post_attn": "mix"}}),
+    "lora": ("lora", {}),
+    "longlora": ("longlora", {"s2attn_groups": 2}),
+    "theta": ("theta", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory) -> Path:
+    """A tiny pretrained-looking base Llama saved as the recipe stage loads it."""
+    path = tmp_path_factory.mktemp("base") / "base"
+    model = build_llama(V, 32, 48, 2, 2, 2, context=16, seed=0)
+    with torch.no_grad():  # norms away from 1 and weights away from init, as after pretraining
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    save_model(model, path, {})
+    return path
+
+
+def build(base_dir: Path, name: str, frozen: torch.dtype, midway: bool = False) -> torch.nn.Module:
+    """The recipe stage's model: loaded in the frozen dtype, recipe applied, trainables fp32.
+    ``midway``: the zero-initialised maps (TAPE's W1 and post map, LoRA's B) are moved off zero,
+    as some steps into training; at exactly zero they pass (almost) no gradient to the maps
+    behind them, which is the recipe's design, not a precision effect."""
+    recipe, options = NAMED[name]
+    model = load_model(base_dir, frozen)
+    torch.manual_seed(0)
+    model = apply_recipe(model, recipe, target_context=N, original_context=16, **options)
+    if midway:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if p.requires_grad and not p.any():
+                    p.normal_(0.0, 0.02)
+    return set_dtypes(model.train(), frozen)
+
+
+def batches(index: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(index)
+    ids = torch.randint(0, V, (4, N), generator=g)  # 128 tokens: nearly every row of the 64-row vocab
+    return {"input_ids": ids, "labels": ids.clone(), "passkey": torch.zeros(4, dtype=torch.bool)}
+
+
+def fit(model: torch.nn.Module, steps: int, lr: float, precision: str, root: Path) -> L.Trainer:
+    module = HFCausalLMModule(model, stage="t", lr=lr, betas=(0.9, 0.999), weight_decay=0.0,
+                              warmup_steps=0, schedule="constant", total_steps=steps)
+    trainer = L.Trainer(accelerator="cpu", devices=1, precision=precision, max_steps=steps,
+                        gradient_clip_val=1.0, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+                        limit_val_batches=0, num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=IndexedBatchDataModule(batches))
+    return trainer
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_bf16_mixed_five_steps_at_lr_2e5_change_every_trainable_tensor(tmp_path, base_dir, name):
+    """The audit's failure: bf16 weights under AdamW at lr 2e-5 kept norms, embeddings and TAPE's
+    maps frozen. With fp32 trainables under bf16 autocast every trainable tensor moves, while
+    the frozen weights stay bf16 and untouched."""
+    model = build(base_dir, name, torch.bfloat16, midway=True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    kinds = {"norm": False, "embed": False, "lora_A": False, "lora_B": False}
+    fit(model, steps=5, lr=2e-5, precision="bf16-mixed", root=tmp_path)
+    for n, p in model.named_parameters():
+        if n in trainable:
+            assert p.dtype == torch.float32, n
+            changed = (p.detach() != before[n]).float().mean().item()
+            assert changed > 0.9, f"{name}: only {changed:.0%} of {n} changed"
+            for k in kinds:
+                kinds[k] |= k in n
+        else:
+            assert p.dtype == torch.bfloat16 and torch.equal(p.detach(), before[n]), n
+    assert kinds["norm"] and kinds["embed"]
+    if name.startswith("tape"):
+        names = " ".join(trainable)
+        assert all(f".pe.{m}.weight" in names for m in ("x_proj", "w1", "w2"))
+        assert (".post_attn." in names) == (name == "tape_mix")  # the official variant freezes it
+    else:
+        assert kinds["lora_A"] and kinds["lora_B"]
+
+
+def test_low_precision_trainable_weights_are_refused(base_dir):
+    model = build(base_dir, "lora", torch.float32)
+    next(p for p in model.parameters() if p.requires_grad).data = torch.zeros(1, dtype=torch.bfloat16)
+    module = HFCausalLMModule(model)
+    with pytest.raises(ValueError, match="must be float32.*autocast"):
+        module.configure_optimizers()
+
+
+def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
+    """trainer=fsdp's policy, instantiated from the preset, wraps every HF decoder layer and every
+    block of our decoder (one process, gloo: Lightning runs FSDP on GPUs only); one optimizer
+    step changes the trainable weights, and the full state dict has every original key."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from tape.model import DecoderLM, ModelConfig
+    from tape.model.decoder import Block
+
+    strategy = instantiate(compose_config("config", ["trainer=fsdp"]).trainer.strategy)
+    policy = strategy.kwargs["auto_wrap_policy"]
+    assert callable(policy.__call__) and not isinstance(policy, (list, tuple))
+    store = tempfile.mktemp()
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        ours = DecoderLM(ModelConfig(vocab_size=V, n_layers=3, d_model=32, n_heads=2, max_seq_len=N, pe="tape"))
+        hf = build(base_dir, "tape_mix", torch.float32)
+        for model, layer_type, n_layers in ((ours, Block, 3), (hf, LlamaDecoderLayer, 2)):
+            keys = set(model.state_dict())
+            wrapped = FSDP(model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu"))
+            units = [m for m in wrapped.modules() if isinstance(m, FSDP)]
+            assert len(units) == n_layers + 1  # one per block, plus the root
+            assert all(isinstance(u.module, layer_type) for u in units[1:])
+            params = [p for p in wrapped.parameters() if p.requires_grad]
+            before = [p.detach().clone() for p in params]
+            opt = torch.optim.AdamW(params, lr=1e-3)
+            ids = batches(0)["input_ids"]
+            logits = wrapped(ids).logits if model is ours else wrapped(input_ids=ids).logits
+            torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)).backward()
+            opt.step()
+            assert all(not torch.equal(b, p.detach()) for b, p in zip(before, params) if p.grad is not None)
+            assert sum(p.grad is not None for p in params) > 0.9 * len(params)
+            cfg = FullStateDictConfig(offload_to_cpu=False, rank0_only=True)
+            with FSDP.state_dict_type(wrapped, StateDictType.FULL_STATE_DICT, cfg):
+                assert set(wrapped.state_dict()) == keys  # evaluation gets every full weight
+    finally:
+        dist.destroy_process_group()
+
+
+def test_full_weights_through_the_checkpoint_path_equal_the_trained_module(tmp_path, base_dir):
+    """The path sharded strategies take after training (gather into a checkpoint, load into a
+    rebuilt model) gives exactly the trained weights."""
+    model = build(base_dir, "tape_mix", torch.float32)
+    trainer = fit(model, steps=2, lr=1e-3, precision="32-true", root=tmp_path)
+    module = trainer.lightning_module
+    full = trained_model(trainer, module, lambda: build(base_dir, "tape_mix", torch.float32), tmp_path,
+                         through_checkpoint=True)
+    assert full is not module.model
+    trained = module.model.state_dict()
+    for k, v in full.state_dict().items():
+        assert torch.equal(v, trained[k]), k
