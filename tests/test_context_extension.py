@@ -216,7 +216,7 @@ def test_presets_compose_cpu_is_the_default_and_validates(tmp_path):
 
 def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypatch):
     cfg = compose_config("config", ["experiment=context_extension/paper"])
-    with pytest.raises(PipelineConfigError, match=r"model\.pretrained_path.*huggingface-cli download"):
+    with pytest.raises(PipelineConfigError, match=r"model\.pretrained_path.*hf download"):
         validate(cfg)
     with open_dict(cfg):
         cfg.model.pretrained_path = str(tmp_path / "nowhere")
@@ -359,3 +359,32 @@ def test_extend_alias_runs_the_cpu_preset_unless_told_otherwise():
     assert argv_with_experiment(["seed=1"]) == ["seed=1", "experiment=context_extension/cpu"]
     assert argv_with_experiment(["experiment=context_extension/smoke", "threads=1"]) == [
         "experiment=context_extension/smoke", "threads=1"]
+
+
+def test_evaluation_stage_uses_the_passkey_and_perplexity_tasks_protocols():
+    """Context extension evaluates through task=passkey / task=perplexity: official draws with
+    BOS first (not the python draws, which give other prompts), LongLoRA's window starts."""
+    from pipelines.tasks.context_extension.data import ExtensionData
+    from pipelines.tasks.context_extension.stages import evaluate_stage
+    from tape.data.passkey import passkey_accuracy
+    from tape.metrics.perplexity import sliding_window_perplexity
+
+    torch.manual_seed(0)
+    model = build_llama(vocab_size=300, context=512, hidden_size=32, intermediate_size=64,
+                        num_layers=1, num_heads=2, num_kv_heads=2).eval()
+    tokens = np.arange(256 + 3 * 256, dtype=np.int64) % 300  # n - L = 3 * 256 at L = 256
+    data = ExtensionData(encode=char_encode, pad_id=0, vocab_size=300, train_rows=None,
+                         eval_tokens={"toy": tokens}, bos_id=1)
+    cfg = compose_config("config", ["experiment=context_extension/smoke"])
+    with open_dict(cfg):
+        cfg.eval.perplexity_lengths, cfg.eval.max_windows = [256], None
+        cfg.eval.passkey_lengths, cfg.eval.passkey_trials = [400], 3
+    ppl, keys = evaluate_stage(cfg, "base", model, data)
+    assert ppl[0]["windows"] == len(range(0, len(tokens) - 256, 256)) == 3
+    assert ppl[0]["perplexity"] == pytest.approx(
+        sliding_window_perplexity(model, tokens, 256, 256, cfg.eval.batch_size, None)["perplexity"])
+    n_garbage = keys[0]["n_garbage"]
+    official = passkey_accuracy(model, char_encode, n_garbage, 3, 0, bos_id=1, draws="official")
+    python = passkey_accuracy(model, char_encode, n_garbage, 3, 0, draws="python")
+    assert keys[0]["target_tokens"] == 400 and keys[0]["method"] == "base"
+    assert keys[0]["mean_tokens"] == official["mean_tokens"] != python["mean_tokens"]

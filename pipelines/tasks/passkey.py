@@ -78,12 +78,13 @@ def sizes(t: DictConfig, tok: TextTokenizer, bos: bool) -> list[tuple[int | None
     return out
 
 
-def rows(model: nn.Module, task_cfg: DictConfig) -> list[dict[str, Any]]:
-    """One row per test point: accuracy over ``trials`` prompts and their token counts."""
+def rows(model: nn.Module, task_cfg: DictConfig, tok: TextTokenizer | None = None) -> list[dict[str, Any]]:
+    """One row per test point: accuracy over ``trials`` prompts and their token counts. ``tok``:
+    a tokenizer already loaded (context extension's); default: ``task_cfg.tokenizer``."""
     t = task_cfg
     if t.draws not in ("official", "python"):
         raise PipelineConfigError(f"task.draws={t.draws}: choose official (as eval_retrieval.py) or python")
-    tok = _tokenizer(t)
+    tok = tok or _tokenizer(t)
     bos_id = tok.bos_id if t.bos else None
     trials, seed = int(t.trials), int(t.seed)
     out = []

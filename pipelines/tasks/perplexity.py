@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+import numpy as np
 
 from omegaconf import DictConfig, open_dict
 from torch import nn
@@ -45,29 +47,35 @@ def positions_needed(task_cfg: DictConfig) -> tuple[int, str] | None:
     return (max(int(n) for n in task_cfg.lengths), "task.lengths") if task_cfg.lengths else None
 
 
-def rows(model: nn.Module, task_cfg: DictConfig) -> list[dict[str, Any]]:
-    """One row per (corpus, length): perplexity, mean NLL, windows and scored tokens."""
+def rows(model: nn.Module, task_cfg: DictConfig,
+         tokens: Mapping[str, np.ndarray] | None = None) -> list[dict[str, Any]]:
+    """One row per (corpus, length): perplexity, mean NLL, windows and scored tokens. ``tokens``:
+    corpus name -> token ids already in memory (context extension's); default: ``task_cfg.corpora``."""
     t = task_cfg
-    if not t.corpora or not t.lengths:
+    if not (t.corpora or tokens) or not t.lengths:
         raise PipelineConfigError("task.corpora (name: token file) and task.lengths must be set")
     lengths = [int(n) for n in t.lengths]
     if min(lengths) < 2:
         raise PipelineConfigError(f"task.lengths={lengths}: a window needs at least 2 tokens")
     check_model_positions(model, max(lengths), "task.lengths")
     out = []
-    for corpus, path in t.corpora.items():
-        try:
-            tokens = load_token_file(str(path), str(t.token_dtype))
-        except FileNotFoundError as err:
-            raise PipelineConfigError(f"task.corpora.{corpus}: {err}") from None
+    corpora = dict(tokens) if tokens is not None else {c: _load(c, p, t) for c, p in t.corpora.items()}
+    for corpus, ids in corpora.items():
         for length in lengths:
             try:
-                r = sliding_window_perplexity(model, tokens, length, int(t.stride), int(t.batch_size),
+                r = sliding_window_perplexity(model, ids, length, int(t.stride), int(t.batch_size),
                                               None if t.max_windows is None else int(t.max_windows))
             except ValueError as err:
                 raise PipelineConfigError(f"task.corpora.{corpus} at task.lengths {length}: {err}") from None
             out.append({"corpus": str(corpus), "length": length, **r})
     return out
+
+
+def _load(corpus: str, path: Any, t: DictConfig) -> np.ndarray:
+    try:
+        return load_token_file(str(path), str(t.token_dtype))
+    except FileNotFoundError as err:
+        raise PipelineConfigError(f"task.corpora.{corpus}: {err}") from None
 
 
 def evaluate(model: nn.Module, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:

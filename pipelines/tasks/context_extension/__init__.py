@@ -124,7 +124,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     loggers = instantiate_group(cfg.get("logger"))
     t0 = time.perf_counter()
     data = load_data(cfg)
-    sizes = passkey_sizes(cfg, data)
+    passkey_sizes(cfg, data)  # a passkey length too short for any prompt fails before training
     metrics.update(describe(data), time_data_s=time.perf_counter() - t0)
 
     base_path, base = base_stage(cfg, data, models_dir, loggers)
@@ -141,7 +141,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         metrics.update({f"{name}_{k}": v for k, v in info.get("train", {}).items()})
     if not is_rank_zero():
         return {}  # rank 0 evaluates the saved models
-    metrics.update(evaluate_all(cfg, trained, data, sizes, run_dir))
+    metrics.update(evaluate_all(cfg, trained, data, run_dir))
     metrics["wall_time_s"] = time.perf_counter() - t_start
     for lg in loggers:
         lg.log_metrics({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, float)}, step=0)
@@ -150,8 +150,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return metrics
 
 
-def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, sizes: dict[int, int],
-                 run_dir: Path) -> dict[str, Any]:
+def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: Path) -> dict[str, Any]:
     """Evaluate every saved model (base first); write the CSVs, tables.md and passkey.png."""
     metrics: dict[str, Any] = {}
     ppl_rows, key_rows = [], []
@@ -159,7 +158,7 @@ def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, sizes: di
     for method, path in trained.items():
         t = time.perf_counter()
         model = load_model(path, dtype, device)
-        p, k = evaluate_stage(cfg, method, model, data, sizes)
+        p, k = evaluate_stage(cfg, method, model, data)
         del model
         ppl_rows.extend(p)
         key_rows.extend(k)

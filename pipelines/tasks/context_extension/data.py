@@ -23,7 +23,7 @@ from tape.data.streaming import pack_blocks
 
 LLAMA_WEIGHTS_HINT = (
     "download Llama-2-7B in Hugging Face format (accept Meta's licence at "
-    "https://huggingface.co/meta-llama/Llama-2-7b-hf, then `huggingface-cli download "
+    "https://huggingface.co/meta-llama/Llama-2-7b-hf, then `hf download "
     "meta-llama/Llama-2-7b-hf --local-dir /path/to/Llama-2-7b-hf`) and pass "
     "model.pretrained_path=/path/to/Llama-2-7b-hf"
 )
@@ -43,6 +43,7 @@ class ExtensionData:
     vocab_size: int
     train_rows: Callable[[int, int, int, np.random.Generator], Tensor]  # (count, seq_len) text rows
     eval_tokens: dict[str, np.ndarray]  # corpus name -> flat token ids
+    bos_id: int | None = None  # the tokenizer's BOS (passkey prompts start with it)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -80,7 +81,7 @@ def _books(cfg: DictConfig) -> ExtensionData:
     return ExtensionData(
         encode=tok.encode, pad_id=tok.pad_id, vocab_size=tok.vocab_size,
         train_rows=lambda index, count, seq_len, rng: random_blocks(train, seq_len, count, rng),
-        eval_tokens=evals,
+        eval_tokens=evals, bos_id=tok.bos_id,
     )
 
 
@@ -151,7 +152,7 @@ def _hub(cfg: DictConfig) -> ExtensionData:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return ExtensionData(encode=encode, pad_id=pad, vocab_size=len(tok),
                          train_rows=PackedRows(lambda: _hub_documents(cfg), encode, tok.eos_token_id),
-                         eval_tokens=evals)
+                         eval_tokens=evals, bos_id=tok.bos_token_id)
 
 
 def load_data(cfg: DictConfig) -> ExtensionData:

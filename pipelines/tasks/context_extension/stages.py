@@ -38,10 +38,9 @@ from torch import nn
 
 from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
 from pipelines.utils import PipelineConfigError, is_rank_zero
-from tape.data.passkey import garbage_for_tokens, passkey_accuracy
+from tape.data.passkey import garbage_for_tokens
 from tape.hf.io import build_llama, is_saved_model, load_model, save_model
 from tape.lightning import HFCausalLMModule, IndexedBatchDataModule
-from tape.metrics.perplexity import sliding_window_perplexity
 
 log = logging.getLogger("pipelines.context_extension")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -262,19 +261,34 @@ def passkey_sizes(cfg: DictConfig, data: ExtensionData) -> dict[int, int]:
 
 
 # ---------------------------------------------------------------------------- evaluation
-def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module, data: ExtensionData,
-                   sizes: dict[int, int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(perplexity rows, passkey rows) of one model: the one call that the task=perplexity and
-    task=passkey evaluations (pipelines/tasks/{perplexity,passkey}.py) will replace."""
+def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module,
+                   data: ExtensionData) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(perplexity rows, passkey rows) of one model, through the task=perplexity and
+    task=passkey evaluations (the same code as ``pipelines.evaluate ... task=passkey``)."""
+    from pipelines.tasks import passkey, perplexity
+    from tape.data.tokenizer import TextTokenizer
+
     e = cfg.eval
-    ppl, keys = [], []
-    for corpus, tokens in data.eval_tokens.items():
-        for length in e.perplexity_lengths:
-            r = sliding_window_perplexity(model, tokens, int(length), e.stride, e.batch_size, e.max_windows)
-            ppl.append({"method": method, "corpus": corpus, "length": int(length), **r})
-            log.info("%s %s L=%d ppl %.3f", method, corpus, length, r["perplexity"])
-    for target, n_garbage in sizes.items():
-        r = passkey_accuracy(model, data.encode, n_garbage, e.passkey_trials, e.passkey_seed)
-        keys.append({"method": method, "target_tokens": target, "n_garbage": n_garbage, **r})
-        log.info("%s passkey <=%d tokens: %.2f", method, target, r["accuracy"])
+    ppl_cfg = task_config("perplexity", lengths=list(e.perplexity_lengths), stride=e.stride,
+                          max_windows=e.max_windows, batch_size=e.batch_size)
+    ppl = [{"method": method, **r} for r in perplexity.rows(model, ppl_cfg, data.eval_tokens)]
+    for r in ppl:
+        log.info("%s %s L=%d ppl %.3f", method, r["corpus"], r["length"], r["perplexity"])
+    key_cfg = task_config(
+        "passkey", trials=e.passkey_trials, seed=e.passkey_seed, draws=e.passkey_draws,
+        bos=e.passkey_bos, answer_prefix=e.passkey_answer_prefix,
+        **({"filler_chars": list(e.passkey_filler_chars)} if e.get("passkey_filler_chars")
+           else {"lengths": list(e.passkey_lengths)}))
+    tok = TextTokenizer(data.encode, data.bos_id, "context extension")
+    keys = []
+    for r in passkey.rows(model, key_cfg, tok):  # a filler size in characters is labelled by its longest prompt
+        keys.append({**r, "method": method, "target_tokens": r["target_tokens"] or r["max_tokens"]})
+        log.info("%s passkey <=%d tokens: %.2f", method, keys[-1]["target_tokens"], r["accuracy"])
     return ppl, keys
+
+
+def task_config(name: str, **values: Any) -> DictConfig:
+    """conf/task/<name>.yaml with ``values`` set: an evaluation task's settings from code."""
+    from pipelines.utils import CONF_DIR
+
+    return OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / f"{name}.yaml"), values)
