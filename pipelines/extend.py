@@ -18,6 +18,4 @@ def argv_with_experiment(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     sys.argv[1:] = argv_with_experiment(sys.argv[1:])
-    if message := train.unknown_choice(sys.argv[1:]):
-        sys.exit(message)
-    train.main()
+    train.run_entry(train.main, sys.argv[1:])  # the same checks before Hydra writes as pipelines.train

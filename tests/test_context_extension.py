@@ -16,11 +16,12 @@ from omegaconf import open_dict
 
 pytest.importorskip("transformers")
 from conftest import compose_config  # noqa: E402
+from wandb_records import offline_runs  # noqa: E402
 from pipelines.tasks.context_extension import run as extend, validate  # noqa: E402
 from pipelines.tasks.context_extension.data import (  # noqa: E402
     ExtensionData, PackedRows, check_inputs, load_data, mixed_batches,
 )
-from pipelines.utils import PipelineConfigError  # noqa: E402
+from pipelines.utils import PipelineConfigError, close_loggers  # noqa: E402
 from tape.data.corpus import Document  # noqa: E402
 from tape.data.passkey import FILLER, QUESTION, TASK, garbage_for_tokens, passkey_example, passkey_prompt  # noqa: E402
 from tape.data.text import prepare_text_data  # noqa: E402
@@ -104,8 +105,14 @@ def test_smoke_in_bf16_mixed_with_bf16_frozen_weights(tmp_path, data_dir):
     """The paper preset's precision on CPU: autocast, frozen weights stored in bf16, LoRA merged
     into bf16 weights, TAPE saved beside them; evaluation runs in bf16 and stays finite."""
     cfg = extend_cfg(tmp_path, data_dir, "extend.recipes=[tape,lora]", "trainer.precision=bf16-mixed",
-                     "model.frozen_dtype=bfloat16")
+                     "model.frozen_dtype=bfloat16", "logger=wandb")
     metrics = extend(cfg)
+    close_loggers()  # what pipelines.train's task wrapper does after the run
+    # W&B (offline) shows the experiment: the full resolved config, the tables and the figure.
+    (run,) = offline_runs(Path(cfg.paths.output_dir))
+    assert run.config["task"]["name"] == "context_extension" and run.config["extend"]["recipes"] == ["tape", "lora"]
+    assert len(run.table("eval/perplexity")["data"]) == 12 and len(run.table("eval/passkey")["data"]) == 6
+    assert run.image("eval/passkey_plot").read_bytes()[:4] == b"\x89PNG" and run.exit_code == 0
     ppl = [v for k, v in metrics.items() if k.startswith("ppl_")]
     assert len(ppl) == 12 and all(1 < v < 10 * VOCAB for v in ppl)
     model = load_model(metrics["tape_model"])  # fp32 on reload; trained in bf16-mixed

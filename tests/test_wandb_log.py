@@ -107,7 +107,7 @@ def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: P
 def test_every_entry_point_of_a_reproduction_logs_to_its_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TAPE_WANDB_GROUP", "reproduce-20261123-000000")
     for name, experiment in (("config", "addition/cpu"), ("config", "pretrain/cpu"),
-                             ("config", "scrolls/cpu"), ("extend", "context_extension/cpu")):
+                             ("config", "scrolls/cpu"), ("config", "context_extension/cpu")):
         cfg = compose_config(name, [f"experiment={experiment}", "logger=wandb"])
         assert cfg.logger.wandb.group == "reproduce-20261123-000000", experiment
         tags = OmegaConf.to_container(cfg.logger.wandb.tags, resolve=True)

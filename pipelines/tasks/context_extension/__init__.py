@@ -32,7 +32,8 @@ from pipelines.tasks.context_extension.report import (
 from pipelines.tasks.context_extension.stages import (
     DTYPES, base_stage, evaluate_stage, passkey_sizes, recipe_spec, recipe_stage,
 )
-from pipelines.utils import PipelineConfigError, claim_run_dir, instantiate_group, is_rank_zero, write_json_once
+from pipelines import wandb_log
+from pipelines.utils import PipelineConfigError, claim_run_dir, is_rank_zero, write_json_once
 from tape.hf.io import load_model
 from tape.hf.recipes import RECIPES
 
@@ -121,7 +122,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                "experiment": cfg.experiment_name, "context": cfg.model.context,
                                "target_context": cfg.extend.context, "device": eval_device(cfg),
                                "precision": str(cfg.trainer.precision), "threads": torch.get_num_threads()}
-    loggers = instantiate_group(cfg.get("logger"))
+    loggers = wandb_log.open_loggers(cfg)  # W&B gets the full resolved config
     t0 = time.perf_counter()
     data = load_data(cfg)
     passkey_sizes(cfg, data)  # a passkey length too short for any prompt fails before training
@@ -145,6 +146,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     metrics["wall_time_s"] = time.perf_counter() - t_start
     for lg in loggers:
         lg.log_metrics({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, float)}, step=0)
+    wandb_log.log_results(loggers, run_dir, cfg)  # perplexity and passkey tables, passkey.png
+    for lg in loggers:
         lg.finalize("success")
     write_json_once(run_dir / "metrics.json", metrics)
     return metrics
