@@ -30,12 +30,22 @@ from triton.runtime.jit import JITFunction
 MAX_HEAD_DIM = 128
 
 
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b accumulated in float32. UPCAST (interpreter only): multiply bfloat16 tiles as exact
+    float32 copies, since the interpreter's dot cannot take bfloat16; compiled kernels never set it."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision=PREC)
+
+
 def _fwd(
     Q, K, V, E, O, OE, LSE,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
     so_b, so_h, so_n, soe_b, soe_h, soe_n,
     H, GROUPS, NQ, NK, D, DV, DE, scale,
-    PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -64,7 +74,7 @@ def _fwd(
         col_ok = offs_n < NK
         kt = tl.load(k_base + offs_n[None, :] * sk_n + offs_d[:, None],
                      mask=col_ok[None, :] & (offs_d[:, None] < D), other=0.0)  # (D, N)
-        s = tl.dot(q, kt, input_precision=PREC) * scale  # (M, N) float32
+        s = _mm(q, kt, PREC, UPCAST) * scale  # (M, N) float32
         visible = col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None] + offset)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 is visible to every row
@@ -75,8 +85,8 @@ def _fwd(
                     mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # (N, DV)
         e = tl.load(e_base + offs_n[:, None] * se_n + offs_de[None, :],
                     mask=col_ok[:, None] & (offs_de[None, :] < DE), other=0.0)  # (N, DE)
-        acc_v = acc_v * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        acc_e = acc_e * alpha[:, None] + tl.dot(p.to(e.dtype), e, input_precision=PREC)
+        acc_v = acc_v * alpha[:, None] + _mm(p.to(v.dtype), v, PREC, UPCAST)
+        acc_e = acc_e * alpha[:, None] + _mm(p.to(e.dtype), e, PREC, UPCAST)
         m_i = m_new
     acc_v = acc_v / l_i[:, None]
     acc_e = acc_e / l_i[:, None]
@@ -92,7 +102,7 @@ def _bwd_dkdvde(
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
     sdo_b, sdo_h, sdo_n, sdoe_b, sdoe_h, sdoe_n,
     H, HKV, GROUPS, NQ, NK, D, DV, DE, scale,
-    PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
 ):
     """One key block of one key/value head: dK, dV, dE summed over its query heads and blocks."""
@@ -131,14 +141,14 @@ def _bwd_dkdvde(
             row = (b * H + h) * NQ + offs_m
             lse = tl.load(LSE + row, mask=row_ok, other=0.0)
             delta = tl.load(DELTA + row, mask=row_ok, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale  # (M, N)
+            s = _mm(q, tl.trans(k), PREC, UPCAST) * scale  # (M, N)
             visible = row_ok[:, None] & col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None] + offset)
             p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)  # (M, N) float32
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-            de += tl.dot(tl.trans(p.to(doe.dtype)), doe, input_precision=PREC)
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC) + tl.dot(doe, tl.trans(e), input_precision=PREC)
+            dv += _mm(tl.trans(p.to(do.dtype)), do, PREC, UPCAST)
+            de += _mm(tl.trans(p.to(doe.dtype)), doe, PREC, UPCAST)
+            dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
             ds = p * (dp - delta[:, None]) * scale  # (M, N)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+            dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC, UPCAST)
     base_k = b * sk_b + hk * sk_h + offs_n[:, None] * sk_n
     tl.store(DK + base_k + offs_d[None, :], dk.to(DK.dtype.element_ty),
              mask=col_ok[:, None] & (offs_d[None, :] < D))
@@ -153,7 +163,7 @@ def _bwd_dq(
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
     sdo_b, sdo_h, sdo_n, sdoe_b, sdoe_h, sdoe_n,
     H, GROUPS, NQ, NK, D, DV, DE, scale,
-    PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
 ):
     """One query block of one query head: dQ over its visible key blocks."""
@@ -190,12 +200,12 @@ def _bwd_dq(
                     mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         e = tl.load(e_base + offs_n[:, None] * se_n + offs_de[None, :],
                     mask=col_ok[:, None] & (offs_de[None, :] < DE), other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        s = _mm(q, tl.trans(k), PREC, UPCAST) * scale
         visible = row_ok[:, None] & col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None] + offset)
         p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC) + tl.dot(doe, tl.trans(e), input_precision=PREC)
+        dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
         ds = p * (dp - delta[:, None]) * scale
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+        dq += _mm(ds.to(k.dtype), k, PREC, UPCAST)
     tl.store(DQ + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
 
@@ -271,7 +281,8 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor) -> None:
 
 def _meta(q: Tensor, k: Tensor, v: Tensor, e: Tensor, block: int | None) -> dict:
     bm = block or (16 if q.device.type == "cpu" else 64)
-    return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=bm, BLOCK_N=bm,
+    upcast = q.device.type == "cpu" and q.dtype == torch.bfloat16
+    return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bm,
                 BLOCK_D=_block(q.shape[-1]), BLOCK_DV=_block(v.shape[-1]), BLOCK_DE=_block(e.shape[-1]))
 
 
