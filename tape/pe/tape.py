@@ -22,6 +22,8 @@ in the activation dtype (A·E) or are computed in float32 (the token mix) and ar
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -43,14 +45,14 @@ class _TokenMix(torch.autograd.Function):
     def forward(ctx, e: Tensor, gate: Tensor, w1: Tensor, w2: Tensor) -> Tensor:  # noqa: D102
         # e (B, He, N, d); gate (B, N, I); w1 (I, He); w2 (He, I)
         ctx.save_for_backward(e, gate, w1, w2)
-        with torch.autocast(e.device.type, enabled=False):
+        with _no_autocast(e):
             mix = _mix_matrix(gate.to(e.dtype), w1.to(e.dtype), w2.to(e.dtype))  # (B, N, He, He)
             return torch.matmul(mix, e.transpose(1, 2)).transpose(1, 2)  # (B, He, N, d)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # noqa: D102
         e, gate, w1, w2 = ctx.saved_tensors
-        with torch.autocast(e.device.type, enabled=False):
+        with _no_autocast(e):
             g, w1f, w2f = gate.to(e.dtype), w1.to(e.dtype), w2.to(e.dtype)
             grad_t, e_t = grad.to(e.dtype).transpose(1, 2), e.transpose(1, 2)  # (B, N, He, d)
             mix = _mix_matrix(g, w1f, w2f)  # (B, N, He, He), recomputed
@@ -61,6 +63,13 @@ class _TokenMix(torch.autograd.Function):
             grad_w1 = torch.einsum("bni,bnij->ij", g, left)  # (I, He)
             grad_w2 = torch.einsum("bnhj,bni,ij->hi", grad_mix, g, w1f)  # (He, I)
         return grad_e, grad_gate.to(gate.dtype), grad_w1.to(w1.dtype), grad_w2.to(w2.dtype)
+
+
+def _no_autocast(x: Tensor) -> contextlib.AbstractContextManager:
+    """Autocast off on x's device (the meta device, used for FLOP counts, has no autocast)."""
+    if torch.amp.is_autocast_available(x.device.type):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _mix_matrix(gate: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
