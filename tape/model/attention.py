@@ -1,27 +1,31 @@
 """One attention shim for every PE: same results from every backend, the fastest exact path picked.
 
 ``attend`` computes softmax(q kᵀ / sqrt(d) + bias + mask) · V and, for TAPE, the same weights
-applied to extra value rows E. Backends (``attn_backend``) and the order ``auto`` tries them in:
-1. ``flash`` (flash-attn; CUDA, fp16/bf16, no arbitrary bias or padding mask) for calls without
-   extra values, and for TAPE when the Triton kernel cannot take the call;
-2. ``triton`` (``tape.kernels.triton_attention``; CUDA, triton importable, no bias or padding
-   mask, head dims <= 128, TAPE calls only): one QKᵀ and one online softmax for [V | E], with
-   a backward that sums both value paths. Preferred for TAPE on CUDA;
-3. ``sdpa`` (PyTorch scaled_dot_product_attention), which takes every call;
-4. ``eager`` only when asked for (A materialised once, multiplied by V and E).
-Forcing ``triton`` on CPU tensors runs the kernel under the Triton interpreter (slow; tests).
+applied to extra value rows E. Backends (``attn_backend``):
+- ``triton``: ``tape.kernels.triton_attention``, one QKᵀ and one online softmax for [V | E] with a
+  backward that sums both value paths into dq and dk. Needs triton, no bias or padding mask,
+  head dims <= 128; TAPE calls only (calls without E go on as ``auto``). On CPU tensors it runs
+  under the Triton interpreter (slow: tests only). Never run on a GPU in this project so far.
+- ``flash``: flash-attn (CUDA, fp16/bf16, no arbitrary bias or padding mask), one call per value
+  tensor, since FlashAttention-2 wants V as wide as q and k.
+- ``sdpa``: PyTorch scaled_dot_product_attention; takes every call.
+- ``eager``: A materialised once and multiplied by V and E (only when asked for).
 
-How A·V and A·E come out of SDPA (``fuse``, from ``ModelConfig.tape_fused``):
+``auto`` falls back in this order. A call without E (every PE but TAPE): flash, else sdpa.
+A TAPE call on CUDA: triton (unless ``tape_fused`` is False), else two equal-width calls with
+flash-attn or under grouped-query attention (SDPA's fast kernels want V as wide as q/k there),
+else one SDPA ``concat`` call (its memory-efficient and cuDNN kernels take a wider value).
+A TAPE call on CPU: one SDPA call, ``concat`` up to ``CPU_CONCAT_MAX_KEYS`` keys, else ``padded``.
+
+The SDPA value layouts (``fuse``, from ``ModelConfig.tape_fused``):
 - ``"two_calls"`` (False): one call per value tensor of equal width (QKᵀ and softmax twice);
 - ``"concat"``: one call with [V | E] (width 2d). On CPU a value wider than q/k drops SDPA to its
-  math kernel, which still wins for short sequences (fwd+bwd 0.78-0.82x two calls at N <= 512);
+  math kernel, which still wins for short sequences and loses for long ones (fwd+bwd CPU time
+  against two calls, 1 thread, 12 heads of 64: 0.93x at N = 256, 0.87x at 512, 1.43x at 1024);
 - ``"padded"``: one call with q and k zero-padded to [V | E]'s width (the logits are unchanged;
-  the scale stays 1/sqrt(d)), so CPU's flash kernel takes it (0.93x two calls at N = 1024);
-- True: one QKᵀ: the Triton kernel on CUDA, else ``concat`` on CUDA (SDPA's memory-efficient and
-  cuDNN kernels take a wider value), else per length on CPU (below);
-- None (auto): CPU: ``concat`` up to ``CPU_CONCAT_MAX_KEYS`` keys, ``padded`` beyond; CUDA: the
-  Triton kernel when it can take the call, else grouped-query calls and flash-attn get two equal-
-  width calls (SDPA's fast kernels want V as wide as q/k under GQA), else one ``concat`` call.
+  the scale stays 1/sqrt(d)), so CPU's flash kernel takes it (0.97x two calls at N = 1024);
+- True: one QKᵀ: the Triton kernel where ``auto`` would take it, else one SDPA call as on CPU;
+- None (auto): as above.
 All paths are exact; tests check that they agree.
 """
 
