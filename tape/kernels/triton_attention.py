@@ -40,6 +40,30 @@ def _mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
     return tl.dot(a, b, input_precision=PREC)
 
 
+@triton.jit
+def _load(base, rows, stride, n_rows, width, BLOCK_W: tl.constexpr):
+    """Tile (rows, BLOCK_W) of a row-major (n_rows, width) matrix; masked entries are 0."""
+    cols = tl.arange(0, BLOCK_W)
+    return tl.load(base + rows[:, None] * stride + cols[None, :],
+                   mask=(rows[:, None] < n_rows) & (cols[None, :] < width), other=0.0)
+
+
+@triton.jit
+def _store(base, rows, stride, n_rows, width, value, BLOCK_W: tl.constexpr):
+    """Write ``value`` (rows, BLOCK_W) into a row-major (n_rows, width) matrix, masked."""
+    cols = tl.arange(0, BLOCK_W)
+    tl.store(base + rows[:, None] * stride + cols[None, :], value.to(base.dtype.element_ty),
+             mask=(rows[:, None] < n_rows) & (cols[None, :] < width))
+
+
+@triton.jit
+def _probs(q, k, lse, rows, cols, NQ, NK, scale, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """P = exp(q kᵀ · scale - LSE) (M, N) float32, 0 where masked (lower-right causal)."""
+    s = _mm(q, tl.trans(k), PREC, UPCAST) * scale
+    visible = (rows[:, None] < NQ) & (cols[None, :] < NK) & (cols[None, :] <= rows[:, None] + NK - NQ)
+    return tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+
+
 def _fwd(
     Q, K, V, E, O, OE, LSE,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
@@ -48,53 +72,34 @@ def _fwd(
     PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    """One query block of one query head: O, O_e and LSE."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
     hk = h // GROUPS
-    offset = NK - NQ  # lower-right causal alignment
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    offs_de = tl.arange(0, BLOCK_DE)
-    row_ok = offs_m < NQ
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (M, D)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = _load(Q + b * sq_b + h * sq_h, rows, sq_n, NQ, D, BLOCK_D)  # (M, D)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc_v = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     acc_e = tl.zeros([BLOCK_M, BLOCK_DE], tl.float32)
-    k_base = K + b * sk_b + hk * sk_h
-    v_base = V + b * sv_b + hk * sv_h
-    e_base = E + b * se_b + hk * se_h
-    hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + offset)  # keys past this are masked for every row
+    hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)  # keys past this are masked for every row
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < NK
-        kt = tl.load(k_base + offs_n[None, :] * sk_n + offs_d[:, None],
-                     mask=col_ok[None, :] & (offs_d[:, None] < D), other=0.0)  # (D, N)
-        s = _mm(q, kt, PREC, UPCAST) * scale  # (M, N) float32
-        visible = col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None] + offset)
-        s = tl.where(visible, s, float("-inf"))
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = _load(K + b * sk_b + hk * sk_h, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
+        v = _load(V + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, BLOCK_DV)  # (N, DV)
+        e = _load(E + b * se_b + hk * se_h, cols, se_n, NK, DE, BLOCK_DE)  # (N, DE)
+        s = _mm(q, tl.trans(k), PREC, UPCAST) * scale  # (M, N) float32
+        s = tl.where((cols[None, :] < NK) & (cols[None, :] <= rows[:, None] + NK - NQ), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 is visible to every row
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + offs_n[:, None] * sv_n + offs_dv[None, :],
-                    mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # (N, DV)
-        e = tl.load(e_base + offs_n[:, None] * se_n + offs_de[None, :],
-                    mask=col_ok[:, None] & (offs_de[None, :] < DE), other=0.0)  # (N, DE)
         acc_v = acc_v * alpha[:, None] + _mm(p.to(v.dtype), v, PREC, UPCAST)
         acc_e = acc_e * alpha[:, None] + _mm(p.to(e.dtype), e, PREC, UPCAST)
         m_i = m_new
-    acc_v = acc_v / l_i[:, None]
-    acc_e = acc_e / l_i[:, None]
-    tl.store(O + b * so_b + h * so_h + offs_m[:, None] * so_n + offs_dv[None, :],
-             acc_v.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
-    tl.store(OE + b * soe_b + h * soe_h + offs_m[:, None] * soe_n + offs_de[None, :],
-             acc_e.to(OE.dtype.element_ty), mask=row_ok[:, None] & (offs_de[None, :] < DE))
-    tl.store(LSE + pid_bh * NQ + offs_m, m_i + tl.log(l_i), mask=row_ok)
+    _store(O + b * so_b + h * so_h, rows, so_n, NQ, DV, acc_v / l_i[:, None], BLOCK_DV)
+    _store(OE + b * soe_b + h * soe_h, rows, soe_n, NQ, DE, acc_e / l_i[:, None], BLOCK_DE)
+    tl.store(LSE + pid_bh * NQ + rows, m_i + tl.log(l_i), mask=rows < NQ)
 
 
 def _bwd_dkdvde(
@@ -106,56 +111,35 @@ def _bwd_dkdvde(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
 ):
     """One key block of one key/value head: dK, dV, dE summed over its query heads and blocks."""
-    pid_n = tl.program_id(0)
-    pid_bk = tl.program_id(1)
-    b = pid_bk // HKV
-    hk = pid_bk % HKV
-    offset = NK - NQ
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    offs_de = tl.arange(0, BLOCK_DE)
-    col_ok = offs_n < NK
-    k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_n + offs_d[None, :],
-                mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (N, D)
-    v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :],
-                mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # (N, DV)
-    e = tl.load(E + b * se_b + hk * se_h + offs_n[:, None] * se_n + offs_de[None, :],
-                mask=col_ok[:, None] & (offs_de[None, :] < DE), other=0.0)  # (N, DE)
+    pid_n, pid_bk = tl.program_id(0), tl.program_id(1)
+    b, hk = pid_bk // HKV, pid_bk % HKV
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = _load(K + b * sk_b + hk * sk_h, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
+    v = _load(V + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, BLOCK_DV)  # (N, DV)
+    e = _load(E + b * se_b + hk * se_h, cols, se_n, NK, DE, BLOCK_DE)  # (N, DE)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     de = tl.zeros([BLOCK_N, BLOCK_DE], tl.float32)
-    # The first query that sees key j is j - offset; start at its block.
-    lo = tl.maximum(pid_n * BLOCK_N - offset, 0) // BLOCK_M * BLOCK_M
+    # The first query that sees key j is j - (NK - NQ); start at its block.
+    lo = tl.maximum(pid_n * BLOCK_N - (NK - NQ), 0) // BLOCK_M * BLOCK_M
     for g in range(0, GROUPS):
         h = hk * GROUPS + g
         for start_m in range(lo, NQ, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < NQ
-            q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :],
-                        mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (M, D)
-            do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_n + offs_dv[None, :],
-                         mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # (M, DV)
-            doe = tl.load(DOE + b * sdoe_b + h * sdoe_h + offs_m[:, None] * sdoe_n + offs_de[None, :],
-                          mask=row_ok[:, None] & (offs_de[None, :] < DE), other=0.0)  # (M, DE)
-            row = (b * H + h) * NQ + offs_m
-            lse = tl.load(LSE + row, mask=row_ok, other=0.0)
-            delta = tl.load(DELTA + row, mask=row_ok, other=0.0)
-            s = _mm(q, tl.trans(k), PREC, UPCAST) * scale  # (M, N)
-            visible = row_ok[:, None] & col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None] + offset)
-            p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)  # (M, N) float32
+            rows = start_m + tl.arange(0, BLOCK_M)
+            q = _load(Q + b * sq_b + h * sq_h, rows, sq_n, NQ, D, BLOCK_D)  # (M, D)
+            do = _load(DO + b * sdo_b + h * sdo_h, rows, sdo_n, NQ, DV, BLOCK_DV)  # (M, DV)
+            doe = _load(DOE + b * sdoe_b + h * sdoe_h, rows, sdoe_n, NQ, DE, BLOCK_DE)  # (M, DE)
+            lse = tl.load(LSE + (b * H + h) * NQ + rows, mask=rows < NQ, other=0.0)
+            delta = tl.load(DELTA + (b * H + h) * NQ + rows, mask=rows < NQ, other=0.0)
+            p = _probs(q, k, lse, rows, cols, NQ, NK, scale, PREC, UPCAST)  # (M, N)
             dv += _mm(tl.trans(p.to(do.dtype)), do, PREC, UPCAST)
             de += _mm(tl.trans(p.to(doe.dtype)), doe, PREC, UPCAST)
             dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
-            ds = p * (dp - delta[:, None]) * scale  # (M, N)
+            ds = p * (dp - delta[:, None]) * scale  # (M, N): both value paths
             dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC, UPCAST)
-    base_k = b * sk_b + hk * sk_h + offs_n[:, None] * sk_n
-    tl.store(DK + base_k + offs_d[None, :], dk.to(DK.dtype.element_ty),
-             mask=col_ok[:, None] & (offs_d[None, :] < D))
-    tl.store(DV_ + b * sv_b + hk * sv_h + offs_n[:, None] * sv_n + offs_dv[None, :],
-             dv.to(DV_.dtype.element_ty), mask=col_ok[:, None] & (offs_dv[None, :] < DV))
-    tl.store(DE_ + b * se_b + hk * se_h + offs_n[:, None] * se_n + offs_de[None, :],
-             de.to(DE_.dtype.element_ty), mask=col_ok[:, None] & (offs_de[None, :] < DE))
+    _store(DK + b * sk_b + hk * sk_h, cols, sk_n, NK, D, dk, BLOCK_D)
+    _store(DV_ + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, dv, BLOCK_DV)
+    _store(DE_ + b * se_b + hk * se_h, cols, se_n, NK, DE, de, BLOCK_DE)
 
 
 def _bwd_dq(
@@ -167,47 +151,27 @@ def _bwd_dq(
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
 ):
     """One query block of one query head: dQ over its visible key blocks."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
     hk = h // GROUPS
-    offset = NK - NQ
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    offs_de = tl.arange(0, BLOCK_DE)
-    row_ok = offs_m < NQ
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :],
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_n + offs_dv[None, :],
-                 mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    doe = tl.load(DOE + b * sdoe_b + h * sdoe_h + offs_m[:, None] * sdoe_n + offs_de[None, :],
-                  mask=row_ok[:, None] & (offs_de[None, :] < DE), other=0.0)
-    lse = tl.load(LSE + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + pid_bh * NQ + offs_m, mask=row_ok, other=0.0)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = _load(Q + b * sq_b + h * sq_h, rows, sq_n, NQ, D, BLOCK_D)
+    do = _load(DO + b * sdo_b + h * sdo_h, rows, sdo_n, NQ, DV, BLOCK_DV)
+    doe = _load(DOE + b * sdoe_b + h * sdoe_h, rows, sdoe_n, NQ, DE, BLOCK_DE)
+    lse = tl.load(LSE + pid_bh * NQ + rows, mask=rows < NQ, other=0.0)
+    delta = tl.load(DELTA + pid_bh * NQ + rows, mask=rows < NQ, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    k_base = K + b * sk_b + hk * sk_h
-    v_base = V + b * sv_b + hk * sv_h
-    e_base = E + b * se_b + hk * se_h
-    hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + offset)
+    hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < NK
-        k = tl.load(k_base + offs_n[:, None] * sk_n + offs_d[None, :],
-                    mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (N, D)
-        v = tl.load(v_base + offs_n[:, None] * sv_n + offs_dv[None, :],
-                    mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        e = tl.load(e_base + offs_n[:, None] * se_n + offs_de[None, :],
-                    mask=col_ok[:, None] & (offs_de[None, :] < DE), other=0.0)
-        s = _mm(q, tl.trans(k), PREC, UPCAST) * scale
-        visible = row_ok[:, None] & col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None] + offset)
-        p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = _load(K + b * sk_b + hk * sk_h, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
+        v = _load(V + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, BLOCK_DV)
+        e = _load(E + b * se_b + hk * se_h, cols, se_n, NK, DE, BLOCK_DE)
+        p = _probs(q, k, lse, rows, cols, NQ, NK, scale, PREC, UPCAST)
         dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
         ds = p * (dp - delta[:, None]) * scale
         dq += _mm(ds.to(k.dtype), k, PREC, UPCAST)
-    tl.store(DQ + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+    _store(DQ + b * sq_b + h * sq_h, rows, sq_n, NQ, D, dq, BLOCK_D)
 
 
 _CACHE: dict[tuple[str, bool], object] = {}
