@@ -159,6 +159,9 @@ def test_tiny_run_writes_well_formed_markdown_and_json(tiny_run):
     assert {"machine", "versions", "git", "settings", "created_utc"} <= set(res)
     assert res["versions"]["torch"] == torch.__version__
     assert list(res["table3"]["rows"]) == ALL_LABELS
+    t3 = res["table3"]["rows"]  # Table 3 counts TAPE fused with one QKᵀ, whatever the device ran
+    assert t3["tape_fused"]["flops"] == t3["tape_triton"]["flops"] == t3["tape_concat"]["flops"]
+    assert t3["tape_concat"]["flops"] < t3["tape_unfused"]["flops"]
     for section in ("attention_op", "train_step"):
         rows = res[section]["rows"]
         assert list(rows) == ALL_LABELS

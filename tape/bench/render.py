@@ -38,7 +38,7 @@ def _table3(res: dict[str, Any]) -> list[str]:
     rope = rows.get("rope")
     body = []
     for key, r in rows.items():
-        paper = paper_numbers.TABLE3.get(r["pe"]) if (r["pe"] != "tape" or r["fused"]) else None
+        paper = paper_numbers.TABLE3.get(r["pe"]) if (r["pe"] != "tape" or key == "tape_fused") else None
         d_params = r["params"] - rope["params"] if rope else None
         body.append([
             _label(key), f"{r['params']:,}", f"{r['params_2p20']:.2f}",
@@ -56,8 +56,9 @@ def _table3(res: dict[str, Any]) -> list[str]:
         f"Model: {m['n_layers']} layers, d_model {m['d_model']}, {m['n_heads']} heads, SwiGLU "
         f"{m['d_ff'] or 4 * m['d_model']}, vocab {m['vocab_size']}, untied embeddings. One forward "
         "pass to the logits, counted by `torch.utils.flop_counter.FlopCounterMode` on the meta "
-        "device (nothing allocated). MACs = FLOPs / 2. The last three columns are **the paper's** "
-        "Table 3 numbers.",
+        "device (nothing allocated). MACs = FLOPs / 2. TAPE fused and the Triton kernel are counted "
+        "with one QKᵀ for A·V and A·E (one [V | E] call), whatever this device ran. The last "
+        "three columns are **the paper's** Table 3 numbers.",
         "",
     ]
     return head + _table(
@@ -245,9 +246,9 @@ def default_notes(res: dict[str, Any]) -> list[str]:
         "output projection, plus the PE's own per-layer updates, through the same hooks the decoder "
         "calls (`tape/bench/attention_op.py`). RoPE, xPos, RandPE: rotate q and k, then attention. "
         "FIRE, T5, ALiBi: compute the (B, H, N, N) bias, then attention with a float mask. NoPE: "
-        "attention. TAPE: rotate with E, attention with E as extra values (fused: one call on "
-        "[V | E]; unfused: two calls of equal width), the post-attention head map on A·E and the "
-        "token-gated PE-MLP. Projections, the SwiGLU MLP and the once-per-forward position tables "
+        "attention. TAPE: rotate with E, attention with E as extra values (one call or two: "
+        "the variants and the kernel note), the post-attention head map on A·E and the token-gated "
+        "PE-MLP (one He x He matrix per token). Projections, the SwiGLU MLP and the once-per-forward position tables "
         "are excluded (identical for every PE, they would only dilute the ratios). Forward only, "
         "without autograd, as the paper's Table 4 timed inference steps.",
         "**Training step (b).** `DecoderLM` forward, next-token cross-entropy, backward and "

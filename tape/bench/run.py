@@ -113,10 +113,13 @@ def _not_run(v: Variant, device: torch.device) -> str | None:
     return None
 
 
-def _counted(v: Variant, cfg: ModelConfig) -> ModelConfig:
+def _counted(v: Variant, cfg: ModelConfig, one_qk: bool = False) -> ModelConfig:
     """The config whose matrix products are counted on the meta device. The Triton kernel cannot
-    run there; its arithmetic is one [V | E] call's (one QKᵀ, A·V and A·E)."""
-    return cfg.replace(attn_backend="sdpa", tape_fused="concat") if v.backend == "triton" else cfg
+    run there; its arithmetic is one [V | E] call's (one QKᵀ, A·V and A·E). ``one_qk``: count
+    TAPE fused that way too (Table 3, a device-free count of the fused method)."""
+    if v.backend == "triton" or (one_qk and v.label == "tape_fused"):
+        return cfg.replace(attn_backend="sdpa", tape_fused="concat")
+    return cfg
 
 
 def _table3(variants: list[Variant], s: BenchSettings, log: Callable[[str], None]) -> dict[str, Any]:
@@ -124,7 +127,7 @@ def _table3(variants: list[Variant], s: BenchSettings, log: Callable[[str], None
     base = ModelConfig(max_seq_len=s.table3_seq_len, attn_backend="sdpa")
     rows = {}
     for v in variants:
-        costs = model_costs(_counted(v, v.config(base)), s.table3_batch, s.table3_seq_len)
+        costs = model_costs(_counted(v, v.config(base), one_qk=True), s.table3_batch, s.table3_seq_len)
         rows[v.label] = {
             "pe": v.pe, "fused": v.fused, "params": costs["params"],
             "params_2p20": costs["params"] / 2**20, "flops": costs["flops"], "macs": costs["flops"] // 2,
