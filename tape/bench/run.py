@@ -33,7 +33,7 @@ class OpSettings:
     n_heads: int = 12
     n_kv_heads: int | None = None
     warmup: int = 3
-    repeats: int = 15
+    repeats: int = 20
 
 
 @dataclass
@@ -49,7 +49,7 @@ class TrainSettings:
     batch: int = 1
     seq_len: int = 1024
     warmup: int = 2
-    repeats: int = 15
+    repeats: int = 20
     lr: float = 1e-4
 
 
