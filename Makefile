@@ -28,7 +28,7 @@ test:  ## Run the test suite (under 10 minutes on 2 cores)
 test-fast:  ## Run the tests not marked slow
 	$(BIN)/python -m pytest -q -m "not slow"
 
-bench:  ## Efficiency benchmark (CPU, a few minutes): writes results/efficiency.md and .json
+bench:  ## Efficiency benchmark (CPU, ~25 min): writes runs/benchmark/cpu/efficiency.md and .json (make reproduce publishes to results/)
 	nice -n 10 $(BIN)/python -m pipelines.benchmark
 .PHONY: bench
 

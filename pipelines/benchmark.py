@@ -2,6 +2,8 @@
 
 Composes conf/benchmark.yaml, runs ``tape.bench.run_benchmark`` and writes
 ``<output_dir>/efficiency.md`` and ``efficiency.json`` with the machine, versions and command.
+``output_dir`` defaults to runs/benchmark/<scale>/; only the reproduction (pipelines/reproduce.py)
+copies a run into results/.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def settings_from_config(cfg: DictConfig) -> BenchSettings:
         if cfg[key] is not None:
             op[key] = train[key] = int(cfg[key])
     return BenchSettings(
-        device=str(cfg.device), scale=str(cfg.scale), pes=list(cfg.pes), backend=str(cfg.backend),
+        device=str(cfg.device), scale=str(cfg.scale), pes=list(cfg.pes),
+        tape_modes=list(cfg.tape_modes), backend=str(cfg.backend),
         dtype=str(cfg.dtype), op=OpSettings(**op), train=TrainSettings(**train),
         rss=bool(preset.get("rss", False) if cfg.rss is None else cfg.rss),
         table3_batch=int(cfg.table3.batch), table3_seq_len=int(cfg.table3.seq_len),

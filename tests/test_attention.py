@@ -3,7 +3,10 @@
 import pytest
 import torch
 
-from tape.model.attention import attend, causal_mask, flash_available
+import tape.model.attention as attention
+import tape.model.decoder as decoder
+from model_helpers import tiny_model
+from tape.model.attention import Plan, attend, causal_mask, flash_available, pick_backend, plan_attention
 
 
 def _inputs(b=2, h=4, hkv=2, nq=6, nk=6, d=8, dtype=torch.float64, seed=0):
@@ -79,3 +82,136 @@ def test_flash_matches_sdpa_on_gpu(hkv):
     out_f, e_f = attend(q, k, v, extra=e, backend="flash")
     out_s, e_s = attend(q, k, v, extra=e, backend="sdpa", fuse=False)
     assert (out_f - out_s).abs().max() < 2e-2 and (e_f - e_s).abs().max() < 2e-2
+
+
+# ----------------------------------------------------------------------------- value layouts
+@pytest.mark.parametrize("fuse", ["two_calls", "concat", "padded"])
+@pytest.mark.parametrize("case", ["causal", "cached", "padded"])
+@pytest.mark.parametrize("hkv", [4, 2])
+def test_value_layouts_match_reference(fuse, case, hkv):
+    nq, nk = (6, 6) if case != "cached" else (3, 7)
+    q, k, v, e, bias = _inputs(nq=nq, nk=nk, hkv=hkv)
+    valid = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6], dtype=torch.bool) if case == "padded" else None
+    explicit = causal_mask(nq, valid, nk, q.device)
+    out, out_e = attend(q, k, v, extra=e, mask=None if case == "causal" else explicit,
+                        backend="sdpa", fuse=fuse)
+    ref_v, ref_e = _reference(q, k, v, e, None, explicit)
+    assert torch.allclose(out, ref_v, atol=1e-10) and torch.allclose(out_e, ref_e, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- the decision
+def _fake(monkeypatch, device="cuda", flash=False, triton=False):
+    """Pretend CPU tensors live on ``device`` and that flash-attn / triton are installed."""
+    monkeypatch.setattr(attention, "_device_type", lambda x: device)
+    monkeypatch.setattr(attention, "flash_available", lambda: flash)
+    monkeypatch.setattr(attention, "triton_available", lambda: triton)
+
+
+def _plan(backend="auto", fuse=None, hkv=4, nk=6, dtype=torch.bfloat16, extra=True, mask=None):
+    q, k, v, e, _ = _inputs(hkv=hkv, nq=nk, nk=nk, dtype=dtype)
+    return plan_attention(backend, fuse, q, k, e if extra else None, mask, None, False)
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_cuda_auto_prefers_the_triton_kernel_for_tape(monkeypatch, flash):
+    _fake(monkeypatch, flash=flash, triton=True)
+    assert _plan() == Plan("triton", "single")
+    assert _plan(fuse=True) == Plan("triton", "single")  # tape_fused=true means the kernel on CUDA
+    assert _plan(fuse=False) == Plan("flash" if flash else "sdpa", "two_calls")
+    assert _plan(extra=False) == Plan("flash" if flash else "sdpa", "single")  # RoPE & co.
+    mask = causal_mask(6, torch.ones(2, 6, dtype=torch.bool), 6, torch.device("cpu"))
+    assert _plan(mask=mask).backend != "triton"  # a padding mask falls back
+
+
+def test_cuda_without_triton_falls_back_by_the_documented_order(monkeypatch):
+    _fake(monkeypatch, flash=True, triton=False)
+    assert _plan() == Plan("flash", "two_calls")  # flash-attn wants equal widths
+    _fake(monkeypatch, flash=False, triton=False)
+    assert _plan() == Plan("sdpa", "concat")  # SDPA's efficient/cuDNN kernels take [V | E]
+    assert _plan(fuse=True) == Plan("sdpa", "concat")
+
+
+def test_cuda_gqa_with_fused_values_uses_two_equal_width_calls(monkeypatch):
+    _fake(monkeypatch, flash=False, triton=False)
+    assert _plan(hkv=2) == Plan("sdpa", "two_calls")
+    assert _plan(hkv=4) == Plan("sdpa", "concat")
+    _fake(monkeypatch, flash=False, triton=True)
+    assert _plan(hkv=2) == Plan("triton", "single")  # the kernel handles GQA itself
+
+
+def test_cpu_auto_picks_the_layout_by_length(monkeypatch):
+    _fake(monkeypatch, device="cpu", flash=False, triton=True)
+    short, long = attention.CPU_CONCAT_MAX_KEYS, attention.CPU_CONCAT_MAX_KEYS + 1
+    assert _plan(nk=short, dtype=torch.float32) == Plan("sdpa", "concat")
+    assert _plan(nk=long, dtype=torch.float32) == Plan("sdpa", "padded")
+    assert _plan(nk=long, fuse=True, dtype=torch.float32) == Plan("sdpa", "padded")
+    assert _plan(fuse=False, dtype=torch.float32) == Plan("sdpa", "two_calls")
+
+
+def test_forcing_triton_where_it_cannot_run_fails_clearly(monkeypatch):
+    _fake(monkeypatch, triton=False)
+    with pytest.raises(RuntimeError, match="attn_backend='triton' needs triton"):
+        _plan(backend="triton")
+    _fake(monkeypatch, triton=True)
+    with pytest.raises(RuntimeError, match="no padding mask"):
+        _plan(backend="triton", mask=causal_mask(6, None, 6, torch.device("cpu")))
+    assert _plan(backend="triton", extra=False).backend == "sdpa"  # calls without E go on as auto
+
+
+# ----------------------------------------------------------------------------- dtypes at the kernel
+ROTARY = ["rope", "tape", "xpos", "randpe"]
+
+
+def _record_attend(monkeypatch):
+    calls = []
+    real = decoder.attend
+
+    def spy(q, k, v, **kw):
+        calls.append((q.dtype, k.dtype, v.dtype, pick_backend(kw["backend"], q, kw["mask"], kw["bias"],
+                                                             kw["alibi_slopes"] is not None,
+                                                             extra=kw["extra"], k=k, fuse=kw["fuse"])))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(decoder, "attend", spy)
+    return calls
+
+
+@pytest.mark.parametrize("pe", ROTARY)
+def test_under_autocast_rotary_pes_hand_attend_q_k_in_vs_dtype(monkeypatch, pe):
+    calls = _record_attend(monkeypatch)
+    model = tiny_model(pe, n_layers=2).train()
+    ids = torch.randint(0, 37, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids).logits.float().mean().backward()
+    assert [c[:3] for c in calls] == [(torch.bfloat16,) * 3] * 2
+
+
+@pytest.mark.parametrize("pe", ROTARY)
+def test_with_flash_present_rotary_pes_reach_flash(monkeypatch, pe):
+    """Faked flash-attn on 'CUDA': after the dtype cast every rotary PE's call qualifies."""
+    _fake(monkeypatch, flash=True, triton=False)
+
+    def fake_flash(q, k, v, softmax_scale, causal, alibi_slopes):  # (B, N, H, d) layout
+        assert q.dtype == k.dtype == v.dtype == torch.bfloat16 and causal
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            scale=softmax_scale, enable_gqa=q.shape[2] != k.shape[2])
+        return out.transpose(1, 2)
+
+    monkeypatch.setattr(attention, "_flash_attn_func", fake_flash)
+    calls = _record_attend(monkeypatch)
+    model = tiny_model(pe, n_layers=2).train()
+    ids = torch.randint(0, 37, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids).logits.float().mean().backward()
+    assert [c[3] for c in calls] == ["flash", "flash"]
+
+
+@pytest.mark.skipif(not attention.triton_available(), reason="needs triton (in requirements.txt)")
+def test_triton_backend_on_cpu_runs_the_interpreter_and_matches_sdpa():
+    q, k, v, e, _ = _inputs(nq=5, nk=9, d=16, dtype=torch.float32)
+    out, out_e = attend(q, k, v, extra=e, backend="triton")
+    ref, ref_e = attend(q, k, v, extra=e, backend="sdpa", fuse=False,
+                        mask=causal_mask(5, None, 9, q.device))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_e, ref_e, atol=1e-5, rtol=1e-5)

@@ -21,7 +21,8 @@ from tape.bench.timing import paired_ratio, time_interleaved
 from tape.model import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
-ALL_LABELS = ["tape_fused", "tape_unfused", "rope", "fire", "t5", "alibi", "nope", "randpe", "xpos"]
+TAPE_LABELS = ["tape_fused", "tape_unfused", "tape_concat", "tape_padded", "tape_triton"]
+ALL_LABELS = [*TAPE_LABELS, "rope", "fire", "t5", "alibi", "nope", "randpe", "xpos"]
 
 
 def compose_benchmark(*overrides: str):
@@ -33,9 +34,12 @@ def compose_benchmark(*overrides: str):
 # ---------------------------------------------------------------- building blocks
 def test_variants_expand_tape_and_put_the_paper_columns_first():
     labels = [v.label for v in make_variants(["nope", "t5", "rope", "tape", "fire"])]
-    assert labels == ["tape_fused", "tape_unfused", "rope", "fire", "t5", "nope"]
+    assert labels == [*TAPE_LABELS, "rope", "fire", "t5", "nope"]
+    assert [v.label for v in make_variants(["rope", "tape"], ["unfused"])] == ["tape_unfused", "rope"]
     with pytest.raises(ValueError, match="unknown PE"):
         make_variants(["rope", "sinusoid?"])
+    with pytest.raises(ValueError, match="unknown tape_modes"):
+        make_variants(["tape"], ["fast"])
 
 
 def test_155m_counts_match_the_paper_table3_on_the_meta_device():
@@ -50,14 +54,16 @@ def test_155m_counts_match_the_paper_table3_on_the_meta_device():
 def test_attention_op_runs_for_every_variant_and_tape_counts_more_flops():
     base = ModelConfig(vocab_size=8, n_layers=2, d_model=32, n_heads=4, max_seq_len=16)
     flops = {}
-    for v in make_variants(["tape", "rope", "fire", "t5", "alibi", "xpos", "randpe", "nope"]):
+    for v in make_variants(["tape", "rope", "fire", "t5", "alibi", "xpos", "randpe", "nope"],
+                           ["fused", "unfused", "concat", "padded"]):
         cfg = v.config(base)
         out, rot = build_attention_op(cfg, 2, 16, torch.device("cpu"), torch.float32)()
         assert out.shape == (2, 4, 16, 8) and torch.isfinite(out).all()
         if v.pe == "tape":
             assert rot is not None and rot.shape == (2, 4, 16, 8)
         flops[v.label] = count_flops(build_attention_op(cfg, 2, 16, META, torch.float32))
-    assert flops["tape_unfused"] > flops["tape_fused"] > flops["rope"] > 0
+    assert flops["tape_unfused"] > flops["tape_concat"] > flops["rope"] > 0
+    assert flops["tape_padded"] > flops["tape_concat"]  # the zero-padded QKᵀ is counted at 2d
 
 
 def test_interleaved_timing_calls_each_variant_warmup_plus_repeats_times():
@@ -71,7 +77,19 @@ def test_interleaved_timing_calls_each_variant_warmup_plus_repeats_times():
     assert calls == {"a": 7, "b": 7}
     for t in timings.values():
         assert t.n == 5 and 0 <= t.min_s <= t.median_s <= t.max_s
-    assert paired_ratio(timings["a"], timings["a"]) == {"median": 1.0, "min": 1.0, "max": 1.0}
+    same = {"median": 1.0, "min": 1.0, "max": 1.0, "stderr": 0.0}
+    assert paired_ratio(timings["a"], timings["a"]) == same
+    assert all(t.cpu_median_s is not None and len(t.cpu_samples_s) == 5 for t in timings.values())
+
+
+def test_paired_ratio_reports_cpu_time_and_a_standard_error():
+    from tape.bench.timing import Timing
+
+    num = Timing.of([2.0, 2.2, 1.8, 2.0], cpu_samples=[1.0, 1.0, 1.0, 1.0])
+    den = Timing.of([1.0, 1.0, 1.0, 1.0], cpu_samples=[0.5, 0.5, 0.5, 0.5])
+    wall, cpu = paired_ratio(num, den), paired_ratio(num, den, cpu=True)
+    assert wall["median"] == pytest.approx(2.0) and wall["stderr"] > 0
+    assert cpu == {"median": 2.0, "min": 2.0, "max": 2.0, "stderr": 0.0}
 
 
 def test_saved_tensor_bytes_counts_each_storage_once_and_skips_weights():
@@ -96,6 +114,7 @@ def test_config_presets_and_overrides():
 
     s = settings_from_config(compose_benchmark())
     assert (s.device, s.scale, s.op.seq_len, s.train.n_layers) == ("cpu", "cpu", 1024, 2)
+    assert s.tape_modes == ["fused", "unfused", "concat", "padded", "triton"]
     s = settings_from_config(compose_benchmark("scale=paper", "device=cuda", "repeats=7"))
     assert (s.train.n_layers, s.train.vocab_size, s.op.repeats, s.train.repeats) == (12, 32000, 7, 7)
     with pytest.raises(ValueError, match="scale"):
@@ -140,29 +159,42 @@ def test_tiny_run_writes_well_formed_markdown_and_json(tiny_run):
     assert {"machine", "versions", "git", "settings", "created_utc"} <= set(res)
     assert res["versions"]["torch"] == torch.__version__
     assert list(res["table3"]["rows"]) == ALL_LABELS
+    t3 = res["table3"]["rows"]  # Table 3 counts TAPE fused with one QKᵀ, whatever the device ran
+    assert t3["tape_fused"]["flops"] == t3["tape_triton"]["flops"] == t3["tape_concat"]["flops"]
+    assert t3["tape_concat"]["flops"] < t3["tape_unfused"]["flops"]
     for section in ("attention_op", "train_step"):
         rows = res[section]["rows"]
         assert list(rows) == ALL_LABELS
-        for row in rows.values():
+        for row in (r for r in rows.values() if "not_run" not in r):
             t = row["time_s"]
             assert t["n"] > 0 and 0 < t["min_s"] <= t["median_s"] <= t["max_s"]
             assert row["flops"] > 0 and row["vs_rope"]["time"] > 0
         assert rows["rope"]["vs_rope"]["time"] == 1.0
+    for section in ("attention_op", "train_step"):  # no GPU: the kernel's row says so, no timings
+        row = res[section]["rows"]["tape_triton"]
+        assert row["not_run"] == "not run: no GPU" and "time_s" not in row and row["flops"] > 0
     train = res["train_step"]["rows"]
-    assert all(r["memory"]["saved_activation_bytes"] > 0 for r in train.values())
+    assert all(r["memory"]["saved_activation_bytes"] > 0 for r in train.values() if "not_run" not in r)
     assert train["tape_fused"]["memory"]["saved_activation_bytes"] > train["rope"]["memory"]["saved_activation_bytes"]
     summary = res["tape_vs_rope"]
     for section in ("attention_op", "train_step"):
         assert summary[section]["flop_lower_bound"] > 1.0
         assert summary[section]["fused"]["time"] > 0 and summary[section]["unfused"]["time"] > 0
+        assert summary[section]["triton"]["not_run"] == "not run: no GPU"
+    assert summary["train_step"]["fused"]["cpu_time_paired"]["median"] > 0
+    gap = summary["train_step"]["saved_by_tensor_minus_rope"]["unfused"]
+    fused_gap = train["tape_unfused"]["memory"]["saved_activation_bytes"] - train["rope"]["memory"]["saved_activation_bytes"]
+    assert sum(gap.values()) == fused_gap  # the by-tensor gaps add up to the total gap
     assert summary["paper_table4"]["fused"] == pytest.approx(2.56 / 2.08)
 
     md = (tmp_path / "efficiency.md").read_text()
     for heading in ("## TAPE / RoPE", "## Parameters, FLOPs and MACs", "## (a) Attention operator",
                     "## (b) Training step", "## How this is measured"):
         assert heading in md
-    for name in ("TAPE fused", "TAPE unfused", "RoPE", "FIRE", "T5 bias", "ALiBi", "xPos", "RandPE", "NoPE"):
+    for name in ("TAPE fused", "TAPE unfused", "TAPE concat", "TAPE padded", "TAPE Triton kernel",
+                 "RoPE", "FIRE", "T5 bias", "ALiBi", "xPos", "RandPE", "NoPE"):
         assert f"| {name} |" in md
+    assert "not run: no GPU" in md and "### Saved for backward by tensor" in md
     assert res["command"] in md and "not run for this file" in md
     assert_tables_well_formed(md)
 
@@ -176,14 +208,15 @@ def test_cuda_results_render_with_memory_and_mfu_columns(tiny_run):
     res["machine"]["gpu"] = "NVIDIA H100 80GB HBM3"
     res["train_step"]["peak_bf16_flops"] = 989.4e12
     for section in ("attention_op", "train_step"):
-        for i, row in enumerate(res[section]["rows"].values()):
+        rows = res[section]["rows"]  # on a GPU the Triton kernel's row is timed like the others
+        rows["tape_triton"] = dict(rows["tape_fused"], backend="triton")
+        res["tape_vs_rope"][section]["triton"] = res["tape_vs_rope"][section]["fused"]
+        for i, row in enumerate(rows.values()):
             row.setdefault("memory", {})["cuda_peak_bytes"] = 2**20 * (i + 1)
             row["vs_rope"]["memory"]["cuda_peak_bytes"] = (i + 1) / 3
             row["mfu"] = 0.25
-    res["tape_vs_rope"]["attention_op"]["fused"]["memory"]["cuda_peak_bytes"] = 1.1
-    res["tape_vs_rope"]["attention_op"]["unfused"]["memory"]["cuda_peak_bytes"] = 1.2
     md = render_markdown(res, default_notes(res))
-    assert "CUDA peak (MiB)" in md and "MFU %" in md and "(a) memory: CUDA peak" in md
+    assert "CUDA peak (MiB)" in md and "MFU %" in md and "not run: no GPU" not in md
     assert "not run for this file" not in md
     assert_tables_well_formed(md)
 
@@ -196,5 +229,13 @@ def test_the_command_line_entry_point_runs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     res = json.loads((tmp_path / "efficiency.json").read_text())
-    assert list(res["attention_op"]["rows"]) == ["tape_fused", "tape_unfused", "rope"]
+    assert list(res["attention_op"]["rows"]) == [*TAPE_LABELS, "rope"]
     assert (tmp_path / "efficiency.md").read_text().startswith("# Efficiency")
+
+
+def test_the_default_output_is_a_run_directory_never_results():
+    """Only the reproduction copies a benchmark into results/ (pipelines/reproduce.py)."""
+    for scale in ("tiny", "cpu", "paper"):
+        cfg = compose_benchmark(f"scale={scale}")
+        assert cfg.output_dir == f"runs/benchmark/{scale}"
+        assert not Path(cfg.output_dir).parts[0] == "results"

@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model_helpers import randomize, tiny_config, tiny_model
+from tape.kernels import triton_available
 from tape.model import DecoderLM
 from tape.pe.base import PositionState
+from tape.pe.tape import _TokenMix
 
 FAST = settings(max_examples=12, deadline=None)
 
@@ -126,8 +128,12 @@ def test_layer_permutation_equivariant_without_causal_mask(kv, post, n, seed):
 def test_fused_equals_unfused_on_every_backend(dtype, kv):
     ids = torch.randint(0, 37, (2, 17), generator=torch.Generator().manual_seed(7))
     results = {}
-    for backend in ("eager", "sdpa"):
-        for fused in (True, False, None):
+    kernel = triton_available() and dtype == torch.float32  # the Triton kernel takes fp32/16, bf16
+    backends = ["eager", "sdpa"] + (["triton"] if kernel else [])
+    for backend in backends:
+        for fused in (True, False, None, "concat", "padded"):
+            if (backend != "sdpa" and fused in ("concat", "padded")) or (backend == "triton" and not fused):
+                continue  # the layouts are SDPA's; the kernel is one pass whatever fused says
             model = tiny_model("tape", dtype=dtype, n_layers=3, n_kv_heads=kv,
                                attn_backend=backend, tape_fused=fused).train()
             logits = model(ids).logits
@@ -239,3 +245,57 @@ def test_cache_keeps_each_layers_e_rows():
     for layer in cache.layers[:-1]:
         assert layer.extra.shape == (2, 2, 7, model.cfg.head_dim)  # (B, Hkv, T, d)
     assert cache.layers[-1].extra is None  # the last layer does not aggregate E
+
+
+# ----------------------------------------------------------------------------- the folded token mix
+def test_token_mix_gradients_match_finite_differences():
+    """The custom backward of the folded mix (E, gate, W1, W2 all get gradients), float64."""
+    gen = torch.Generator().manual_seed(3)
+    b, he, n, d, i = 2, 3, 5, 4, 6
+    args = [torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True)
+            for s in ((b, he, n, d), (b, n, i), (i, he), (he, i))]
+    assert torch.autograd.gradcheck(_TokenMix.apply, args)
+
+
+@FAST
+@given(kv=st.sampled_from([None, 2, 1]), n=st.integers(1, 9), seed=st.integers(0, 99))
+def test_token_mix_equals_the_two_matmul_form(kv, n, seed):
+    """W2 · diag(g) · W1 · E folded per token equals u = W1·E, u *= g, W2·u (tape-spec A.2.3)."""
+    model = tiny_model("tape", dtype=torch.float64, n_kv_heads=kv, seed=seed)
+    layer = model.layers[0].pe
+    gen = torch.Generator().manual_seed(seed)
+    e = torch.randn(2, model.cfg.kv_heads, n, model.cfg.head_dim, generator=gen, dtype=torch.float64)
+    m = torch.randn(2, n, model.cfg.d_model, generator=gen, dtype=torch.float64)
+    pos = torch.arange(n).expand(2, n)
+    out = layer.after_mlp(PositionState(pos, pos, rot=e), m).rot
+    g = torch.nn.functional.silu(m @ layer.x_proj.weight.T).transpose(1, 2)[..., None]  # (B, I, N, 1)
+    u = torch.einsum("ih,bhnd->bind", layer.w1.weight, e) * g
+    ref = e + torch.einsum("hi,bind->bhnd", layer.w2.weight, u)
+    assert torch.allclose(out, ref, atol=1e-12, rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- E precision
+def test_tapes_e_is_float32_at_every_layer_of_a_bf16_model(monkeypatch):
+    """A bf16 model (and bf16 autocast) keeps E in float32 through every layer's updates."""
+    import tape.model.decoder as decoder
+
+    seen = []
+    real = decoder.Block.forward
+
+    def spy(self, x, state, mask, cache, idx):
+        seen.append(state.rot.dtype)
+        x, state = real(self, x, state, mask, cache, idx)
+        seen.append(state.rot.dtype)
+        return x, state
+
+    monkeypatch.setattr(decoder.Block, "forward", spy)
+    ids = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(1))
+    model = tiny_model("tape", dtype=torch.bfloat16, n_layers=3, n_kv_heads=2).train()
+    model(ids).logits.float().square().mean().backward()
+    assert seen == [torch.float32] * 6
+    assert all(p.grad.dtype == torch.bfloat16 for p in model.parameters() if p.grad is not None)
+    seen.clear()
+    fp32 = tiny_model("tape", n_layers=3).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fp32(ids).logits.float().square().mean().backward()
+    assert seen == [torch.float32] * 6

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 import tape.pe as pe_registry
-from tape.model.attention import attend, pick_backend
+from tape.model.attention import attend, plan_attention
 from tape.model.config import ModelConfig
 from tape.pe.base import LayerPE, PositionState
 
@@ -32,7 +32,7 @@ class AttentionOp:
     v: Tensor  # (B, Hkv, N, d)
     m: Tensor  # (B, N, C): stands in for the layer's MLP output that gates TAPE's PE-MLP
     backend: str
-    fuse: bool
+    fuse: bool | str | None
 
     def __call__(self) -> tuple[Tensor, Tensor | None]:
         layer, state = self.layer, self.state
@@ -46,9 +46,11 @@ class AttentionOp:
         return out, state.rot
 
     def resolved_backend(self) -> str:
-        """The attention backend ``auto`` picks for this op's call."""
-        bias = self.layer.attn_bias(self.state)
-        return pick_backend(self.backend, self.q, None, bias, self.layer.alibi_slopes() is not None)
+        """The backend this op's call resolves to, with TAPE's value layout: "sdpa padded"."""
+        extra = self.layer.extra_values(self.state)
+        plan = plan_attention(self.backend, self.fuse, self.q, self.k, extra, None,
+                              self.layer.attn_bias(self.state), self.layer.alibi_slopes() is not None)
+        return plan.backend if plan.values == "single" else f"{plan.backend} {plan.values}"
 
 
 def build_attention_op(

@@ -41,6 +41,32 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) ->
     return sum(seen.values())
 
 
+def saved_tensors_by_shape(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> dict[str, dict[str, int]]:
+    """``saved_tensor_bytes`` broken down: "shape dtype" of the first tensor saved on each distinct
+    storage -> {"count", "bytes"} (largest first), to see which tensors make a memory gap."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, tuple[str, int]] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in skip:
+            name = f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+            old = seen.get(ptr)
+            seen[ptr] = (old[0] if old else name, max(old[1] if old else 0, storage.nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    groups: dict[str, dict[str, int]] = {}
+    for name, nbytes in seen.values():
+        g = groups.setdefault(name, {"count": 0, "bytes": 0})
+        g["count"] += 1
+        g["bytes"] += nbytes
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]["bytes"]))
+
+
 def cuda_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
     """Peak bytes allocated by ``fn`` on ``device`` above what was allocated before it."""
     synchronize(device)

@@ -7,7 +7,8 @@ from typing import Any
 from tape.bench import paper_numbers
 
 LABELS = {
-    "tape_fused": "TAPE fused", "tape_unfused": "TAPE unfused", "rope": "RoPE", "fire": "FIRE",
+    "tape_fused": "TAPE fused", "tape_unfused": "TAPE unfused", "tape_concat": "TAPE concat",
+    "tape_padded": "TAPE padded", "tape_triton": "TAPE Triton kernel", "rope": "RoPE", "fire": "FIRE",
     "t5": "T5 bias", "alibi": "ALiBi", "xpos": "xPos", "randpe": "RandPE", "nope": "NoPE",
 }
 MIB = 2**20
@@ -37,7 +38,7 @@ def _table3(res: dict[str, Any]) -> list[str]:
     rope = rows.get("rope")
     body = []
     for key, r in rows.items():
-        paper = paper_numbers.TABLE3.get(r["pe"]) if (r["pe"] != "tape" or r["fused"]) else None
+        paper = paper_numbers.TABLE3.get(r["pe"]) if (r["pe"] != "tape" or key == "tape_fused") else None
         d_params = r["params"] - rope["params"] if rope else None
         body.append([
             _label(key), f"{r['params']:,}", f"{r['params_2p20']:.2f}",
@@ -55,8 +56,9 @@ def _table3(res: dict[str, Any]) -> list[str]:
         f"Model: {m['n_layers']} layers, d_model {m['d_model']}, {m['n_heads']} heads, SwiGLU "
         f"{m['d_ff'] or 4 * m['d_model']}, vocab {m['vocab_size']}, untied embeddings. One forward "
         "pass to the logits, counted by `torch.utils.flop_counter.FlopCounterMode` on the meta "
-        "device (nothing allocated). MACs = FLOPs / 2. The last three columns are **the paper's** "
-        "Table 3 numbers.",
+        "device (nothing allocated). MACs = FLOPs / 2. TAPE fused and the Triton kernel are counted "
+        "with one QKᵀ for A·V and A·E (one [V | E] call), whatever this device ran. The last "
+        "three columns are **the paper's** Table 3 numbers.",
         "",
     ]
     return head + _table(
@@ -67,10 +69,14 @@ def _table3(res: dict[str, Any]) -> list[str]:
 def _op(res: dict[str, Any]) -> list[str]:
     sec = res["attention_op"]
     c = sec["config"]
-    on_cuda = "memory" in next(iter(sec["rows"].values()))
+    on_cuda = any("memory" in r for r in sec["rows"].values())
     body = []
     for key, r in sec["rows"].items():
         vs = r.get("vs_rope", {})
+        if "not_run" in r:
+            body.append([_label(key), r["backend"], f"{r['flops'] / 1e9:.4g}", r["not_run"], "", "", "",
+                         _f(vs.get("flops"), ".2f"), ""] + (["", ""] if on_cuda else []))
+            continue
         paper = paper_numbers.TABLE4.get(key)
         body.append([
             _label(key), r["backend"], f"{r['flops'] / 1e9:.4g}",
@@ -98,7 +104,7 @@ def _train(res: dict[str, Any]) -> list[str]:
     sec = res["train_step"]
     c = sec["config"]
     rows = sec["rows"]
-    any_row = next(iter(rows.values()))
+    any_row = next(r for r in rows.values() if "not_run" not in r)
     mem_keys = [k for k in ("saved_activation_bytes", "rss_step_peak_bytes", "cuda_peak_bytes")
                 if k in any_row["memory"]]
     mem_names = {"saved_activation_bytes": "saved for backward (MiB)",
@@ -107,13 +113,19 @@ def _train(res: dict[str, Any]) -> list[str]:
     body = []
     for key, r in rows.items():
         vs = r.get("vs_rope", {})
+        if "not_run" in r:
+            body.append([_label(key), f"{r['params']:,}", f"{r['flops'] / 1e9:.4g}", r["not_run"], ""]
+                        + [""] * len(mem_keys) + ["", "", "", _f(vs.get("flops"), ".3f")]
+                        + [""] * len(mem_keys) + ([""] if sec["peak_bf16_flops"] else []))
+            continue
+        cpu = vs.get("cpu_time_paired", {})
         mem_cells = [_f(r["memory"].get(k) / MIB if isinstance(r["memory"].get(k), (int, float)) else None, ".1f")
                      for k in mem_keys]
         mem_ratio = [_f(vs.get("memory", {}).get(k), ".2f") for k in mem_keys]
         body.append([
             _label(key), f"{r['params']:,}", f"{r['flops'] / 1e9:.4g}",
             _time_cell(r["time_s"], 1.0, ".3f"), f"{r['tokens_per_s']:,.0f}",
-            *mem_cells, _f(vs.get("time"), ".2f"), _f(vs.get("time_min"), ".2f"),
+            *mem_cells, _f(vs.get("time"), ".3f"), _f(vs.get("time_min"), ".3f"), _f(cpu.get("median"), ".3f"),
             _f(vs.get("flops"), ".3f"), *mem_ratio,
         ] + ([_f(None if r["mfu"] is None else 100 * r["mfu"], ".1f")] if sec["peak_bf16_flops"] else []))
     m = any_row["model"]
@@ -128,49 +140,72 @@ def _train(res: dict[str, Any]) -> list[str]:
         "",
     ]
     header = (["variant", "params", "GFLOP", "s / step", "tokens / s"]
-              + [mem_names[k] for k in mem_keys] + ["time / RoPE", "fastest / RoPE's", "FLOPs / RoPE"]
+              + [mem_names[k] for k in mem_keys]
+              + ["time / RoPE", "fastest / RoPE's", "CPU time / RoPE (paired)", "FLOPs / RoPE"]
               + [mem_names[k].split(" (")[0] + " / RoPE" for k in mem_keys]
               + (["MFU %"] if sec["peak_bf16_flops"] else []))
     return head + _table(header, body)
 
 
+def _pm(r: dict[str, float] | None) -> str:
+    """A paired ratio as "median ± stderr"."""
+    return "n/a" if not r else f"{r['median']:.3f} ± {r['stderr']:.3f}"
+
+
 def _summary(res: dict[str, Any]) -> list[str]:
     s = res["tape_vs_rope"]
+    op, train = s.get("attention_op", {}), s.get("train_step", {})
+    names = [k for k in train if k not in ("flop_lower_bound", "saved_by_tensor_minus_rope")]
     body = []
-    for section, name in (("attention_op", "(a) attention op time"), ("train_step", "(b) train step time")):
-        if section not in s:
+    for name in names:
+        a, b = op.get(name, {}), train[name]
+        if "not_run" in b:
+            body.append([_label(f"tape_{name}"), b["not_run"], "", "", "", _f(a.get("flops"), ".3f"),
+                         _f(b.get("flops"), ".3f"), "", ""])
             continue
-        e = s[section]
-        cells = []
-        for v in ("fused", "unfused"):
-            cells += [f"{e[v]['time']:.2f}", f"{e[v]['time_min']:.2f}"]
-        paper = s["paper_table4"]
-        paper_cells = ([f"{paper['fused']:.2f}", f"{paper['unfused']:.2f}"]
-                       if section == "attention_op" else ["", ""])
-        body.append([name, *cells, f"{e['flop_lower_bound']:.3f}", *paper_cells])
-    for section, tag in (("attention_op", "(a)"), ("train_step", "(b)")):
-        if section not in s:
-            continue
-        e = s[section]
-        for key, name in (("saved_activation_bytes", f"{tag} memory: saved for backward"),
-                          ("rss_step_peak_bytes", f"{tag} memory: peak RSS of a step"),
-                          ("cuda_peak_bytes", f"{tag} memory: CUDA peak")):
-            if key in e["fused"]["memory"]:
-                body.append([name, _f(e["fused"]["memory"][key], ".2f"), "",
-                             _f(e["unfused"]["memory"].get(key), ".2f"), "", "", "", ""])
+        mem = b.get("memory", {})
+        body.append([
+            _label(f"tape_{name}"), _f(a.get("time"), ".2f"), _pm(b.get("time_paired")),
+            _pm(b.get("cpu_time_paired")), _f(b.get("time_min"), ".3f"), _f(a.get("flops"), ".3f"),
+            _f(b.get("flops"), ".3f"), _f(mem.get("saved_activation_bytes"), ".3f"),
+            _f(mem.get("rss_step_peak_bytes", mem.get("cuda_peak_bytes")), ".2f"),
+        ])
+    paper = s["paper_table4"]
     head = [
         "## TAPE / RoPE",
         "",
-        "Ratios within this run: of the medians, and of the fastest calls (the calls least "
-        "disturbed by other load on a shared machine; the JSON also holds the round-by-round "
-        "ratios). Memory rows hold their one measurement in the median columns. Lower bound: TAPE's FLOPs over RoPE's for "
-        "the measured configuration, counting A·V and A·E with one QKᵀ (the least work exact "
-        "TAPE needs); a FLOP-bound kernel cannot do better. The paper columns are **the paper's** "
-        "Table 4 ratios (A100, fused Triton kernel).",
+        "Ratios within this run, per way of computing A·V and A·E (fused: one QKᵀ, the Triton "
+        "kernel on CUDA and one SDPA call on CPU as `tape_fused=null` picks it; unfused: two "
+        "calls; concat / padded: the two one-call SDPA layouts). (b) wall and CPU time are the "
+        "medians of round-by-round ratios, ± their standard error (1.2533 · IQR / 1.349 / sqrt(rounds)). "
+        f"FLOP lower bounds (one QKᵀ): (a) {_f(op.get('flop_lower_bound'), '.3f')}, (b) "
+        f"{_f(train.get('flop_lower_bound'), '.3f')}; a FLOP-bound kernel cannot do better. "
+        f"**The paper's** Table 4 ratios (A100, fused Triton kernel): fused {paper['fused']:.2f}, "
+        f"unfused {paper['unfused']:.2f}.",
         "",
     ]
-    return head + _table(["", "fused: median", "fused: fastest", "unfused: median", "unfused: fastest",
-                          "FLOP lower bound", "paper fused", "paper unfused"], body)
+    table = _table(["TAPE variant", "(a) op time", "(b) step wall time (paired)", "(b) step CPU time (paired)",
+                    "(b) fastest step", "(a) FLOPs", "(b) FLOPs", "(b) saved for backward",
+                    "(b) peak memory of a step"], body)
+    return head + table + [""] + _saved_gap(train)
+
+
+def _saved_gap(train: dict[str, Any], top: int = 8) -> list[str]:
+    """Where TAPE's extra saved-for-backward memory sits, by tensor shape."""
+    gaps = train.get("saved_by_tensor_minus_rope", {})
+    if not gaps:
+        return []
+    lines = ["### Saved for backward by tensor: TAPE minus RoPE (MiB)", "",
+             "Storages autograd keeps during the forward pass, grouped by the shape and dtype of the "
+             f"first tensor saved on each (B = batch, He = E heads, N = tokens); the {top} largest "
+             "differences per variant, then the total.", ""]
+    body = []
+    for name, gap in gaps.items():
+        items = list(gap.items())
+        for shape, d in items[:top]:
+            body.append([_label(f"tape_{name}"), f"`{shape}`", f"{d / MIB:+.2f}"])
+        body.append([_label(f"tape_{name}"), "**total**", f"{sum(gap.values()) / MIB:+.2f}"])
+    return lines + _table(["variant", "tensor (shape dtype)", "MiB"], body)
 
 
 def render_markdown(res: dict[str, Any], notes: list[str] | None = None) -> str:
@@ -211,17 +246,19 @@ def default_notes(res: dict[str, Any]) -> list[str]:
         "output projection, plus the PE's own per-layer updates, through the same hooks the decoder "
         "calls (`tape/bench/attention_op.py`). RoPE, xPos, RandPE: rotate q and k, then attention. "
         "FIRE, T5, ALiBi: compute the (B, H, N, N) bias, then attention with a float mask. NoPE: "
-        "attention. TAPE: rotate with E, attention with E as extra values (fused: one call on "
-        "[V | E]; unfused: two calls of equal width), the post-attention head map on A·E and the "
-        "token-gated PE-MLP. Projections, the SwiGLU MLP and the once-per-forward position tables "
+        "attention. TAPE: rotate with E, attention with E as extra values (one call or two: "
+        "the variants and the kernel note), the post-attention head map on A·E and the token-gated "
+        "PE-MLP (one He x He matrix per token). Projections, the SwiGLU MLP and the once-per-forward position tables "
         "are excluded (identical for every PE, they would only dilute the ratios). Forward only, "
         "without autograd, as the paper's Table 4 timed inference steps.",
         "**Training step (b).** `DecoderLM` forward, next-token cross-entropy, backward and "
         "`torch.optim.AdamW.step`, on fixed random tokens; gradients are set to None before each step.",
         "**Timing.** All variants are built first, warmed up, then timed in interleaved rounds (each "
         "round calls every variant once, starting at a different one), so drift on a shared machine "
-        "hits all alike; TAPE/RoPE ratios are taken within the run. Identical runs on this kind of "
-        "CPU differ by about 15 %.",
+        "hits all alike; TAPE/RoPE ratios are taken round by round within the run. Each call also "
+        "records the process's CPU time (`time.process_time`, all its threads): on a loaded machine "
+        "wall time stretches while the process waits, CPU time much less, so the paired CPU-time "
+        "ratio is the steadier measure of the work; on CUDA only wall time counts.",
         "**FLOPs.** `FlopCounterMode` counts matrix products only (2 FLOPs per MAC, so MACs = FLOPs / "
         "2) over the full N x N score matrix, as the paper's Table 3 does; causal kernels skip about "
         "half of it, which does not change the ratio of the N² terms. Rotations, softmax, norms and "
@@ -252,10 +289,9 @@ def default_notes(res: dict[str, Any]) -> list[str]:
             "as on CPU. MFU uses the forward+backward FLOP count and the GPU's dense bf16 peak; "
             "GPUs not in the table get no MFU.")
         notes.append(
-            "**CUDA attention kernels.** With flash-attn installed, `backend=auto` gives RoPE and "
-            "TAPE one FlashAttention-2 call per value tensor (it wants V as wide as q and k), so "
-            "TAPE fused and unfused run the same schedule there; `backend=sdpa` compares PyTorch's "
-            "kernels on one [V | E] call against two calls. FIRE and T5 always run SDPA with a "
+            "**CUDA attention kernels.** `backend=auto` gives TAPE fused the Triton [V | E] kernel "
+            "(one QKᵀ) when triton is installed, TAPE unfused one FlashAttention-2 call per value "
+            "tensor with flash-attn (else two SDPA calls), and concat / padded one SDPA call. FIRE and T5 always run SDPA with a "
             "materialised float bias, as in the paper.")
     else:
         notes.append(
@@ -268,13 +304,16 @@ def default_notes(res: dict[str, Any]) -> list[str]:
             "page-granular and noisier.")
         notes.append(
             "**CPU attention kernels.** PyTorch's CPU SDPA uses its fast flash kernel only when V is "
-            "as wide as q and k; the fused [V | E] call (width 2d) drops to the math kernel, which "
-            "materialises the N x N matrix, while the unfused path pays a second QKᵀ but keeps the "
-            "fast kernel. On CPU the unfused path is therefore the faster one (see "
-            "`tape/model/attention.py`).")
+            "as wide as q and k. TAPE's one-call layouts: *concat* passes [V | E] (width 2d), which "
+            "drops SDPA to the math kernel (it materialises the N x N probabilities, hence its "
+            "memory); *padded* zero-pads q and k to width 2d so the flash kernel takes the call "
+            "(the logits are unchanged). `tape_fused=null` (auto) uses concat up to 512 keys and "
+            "padded beyond, *unfused* makes two equal-width flash calls (`tape/model/attention.py`).")
         notes.append(
             "**Not run here.** The paper-scale GPU run (`python -m pipelines.benchmark device=cuda "
-            "scale=paper`: the 155M model, bf16, flash-attn when installed) was not run for this "
-            "file: no GPU was available. That path synchronises the device around every timed call "
+            "scale=paper`: the 155M model, bf16, the Triton [V | E] kernel and flash-attn when "
+            "installed) was not run for this file: no GPU was available, so the Triton kernel's row "
+            "says so (its correctness is tested on CPU under the Triton interpreter; it has never "
+            "been timed or compiled for a GPU here). That path synchronises the device around every timed call "
             "and reports `torch.cuda.max_memory_allocated`.")
     return notes

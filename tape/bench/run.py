@@ -13,10 +13,11 @@ from tape.bench import paper_numbers
 from tape.bench.attention_op import build_attention_op
 from tape.bench.flops import META, count_flops, model_costs
 from tape.bench.machine import library_versions, machine_info, peak_bf16_flops
-from tape.bench.memory import cuda_peak_bytes, rss_in_subprocess, saved_tensor_bytes
+from tape.bench.memory import cuda_peak_bytes, rss_in_subprocess, saved_tensor_bytes, saved_tensors_by_shape
 from tape.bench.timing import Timing, paired_ratio, time_interleaved
 from tape.bench.train_step import TrainStep
-from tape.bench.variants import Variant, make_variants
+from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, make_variants
+from tape.kernels import triton_available
 from tape.model import ModelConfig
 
 ALL_PES = ["tape", "rope", "fire", "t5", "alibi", "xpos", "randpe", "nope"]
@@ -32,7 +33,7 @@ class OpSettings:
     n_heads: int = 12
     n_kv_heads: int | None = None
     warmup: int = 3
-    repeats: int = 15
+    repeats: int = 20
 
 
 @dataclass
@@ -48,7 +49,7 @@ class TrainSettings:
     batch: int = 1
     seq_len: int = 1024
     warmup: int = 2
-    repeats: int = 5
+    repeats: int = 20
     lr: float = 1e-4
 
 
@@ -59,6 +60,7 @@ class BenchSettings:
     device: str = "cpu"
     scale: str = "cpu"
     pes: list[str] = field(default_factory=lambda: list(ALL_PES))
+    tape_modes: list[str] = field(default_factory=lambda: list(DEFAULT_TAPE_MODES))
     backend: str = "auto"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     op: OpSettings = field(default_factory=OpSettings)
@@ -102,12 +104,30 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else num / den
 
 
+def _not_run(v: Variant, device: torch.device) -> str | None:
+    """Why a variant cannot run here (printed in its row), or None. Never faked."""
+    if v.needs_cuda and device.type != "cuda":
+        return "not run: no GPU"
+    if v.backend == "triton" and not triton_available():
+        return "not run: triton not installed"
+    return None
+
+
+def _counted(v: Variant, cfg: ModelConfig, one_qk: bool = False) -> ModelConfig:
+    """The config whose matrix products are counted on the meta device. The Triton kernel cannot
+    run there; its arithmetic is one [V | E] call's (one QKᵀ, A·V and A·E). ``one_qk``: count
+    TAPE fused that way too (Table 3, a device-free count of the fused method)."""
+    if v.backend == "triton" or (one_qk and v.label == "tape_fused"):
+        return cfg.replace(attn_backend="sdpa", tape_fused="concat")
+    return cfg
+
+
 def _table3(variants: list[Variant], s: BenchSettings, log: Callable[[str], None]) -> dict[str, Any]:
     """Exact params and forward FLOPs of the paper's 155M model (ModelConfig defaults), meta device."""
     base = ModelConfig(max_seq_len=s.table3_seq_len, attn_backend="sdpa")
     rows = {}
     for v in variants:
-        costs = model_costs(v.config(base), s.table3_batch, s.table3_seq_len)
+        costs = model_costs(_counted(v, v.config(base), one_qk=True), s.table3_batch, s.table3_seq_len)
         rows[v.label] = {
             "pe": v.pe, "fused": v.fused, "params": costs["params"],
             "params_2p20": costs["params"] / 2**20, "flops": costs["flops"], "macs": costs["flops"] // 2,
@@ -129,10 +149,13 @@ def _op_bench(
     ops = {}
     for v in variants:
         cfg = v.config(base)
-        meta_op = build_attention_op(cfg, o.batch, o.seq_len, META, dtype, s.seed)
+        meta_op = build_attention_op(_counted(v, cfg), o.batch, o.seq_len, META, dtype, s.seed)
+        rows[v.label] = {"pe": v.pe, "fused": v.fused, "flops": count_flops(meta_op)}
+        if (why := _not_run(v, device)) is not None:
+            rows[v.label].update(backend=cfg.attn_backend, not_run=why)
+            continue
         ops[v.label] = build_attention_op(cfg, o.batch, o.seq_len, device, dtype, s.seed)
-        rows[v.label] = {"pe": v.pe, "fused": v.fused, "backend": ops[v.label].resolved_backend(),
-                         "flops": count_flops(meta_op)}
+        rows[v.label]["backend"] = ops[v.label].resolved_backend()
     log(f"attention op: timing {len(ops)} variants, {o.warmup} warm-up + {o.repeats} interleaved rounds")
     with torch.no_grad():
         timings = time_interleaved(ops, o.warmup, o.repeats, device)
@@ -161,10 +184,13 @@ def _train_bench(
     peak = peak_bf16_flops(device) if autocast == torch.bfloat16 else None
     for v in variants:
         cfg = v.config(base)
-        costs = model_costs(cfg, t.batch, t.seq_len, backward=True)
-        steps[v.label] = TrainStep(cfg, t.batch, t.seq_len, device, autocast, t.lr, s.seed)
+        costs = model_costs(_counted(v, cfg), t.batch, t.seq_len, backward=True)
         rows[v.label] = {"pe": v.pe, "fused": v.fused, "params": costs["params"],
                          "flops": costs["flops"], "model": cfg.to_dict()}
+        if (why := _not_run(v, device)) is not None:
+            rows[v.label]["not_run"] = why
+            continue
+        steps[v.label] = TrainStep(cfg, t.batch, t.seq_len, device, autocast, t.lr, s.seed)
     log(f"train step: timing {len(steps)} variants, {t.warmup} warm-up + {t.repeats} interleaved rounds")
     timings = time_interleaved(steps, t.warmup, t.repeats, device)
     tokens = t.batch * t.seq_len
@@ -172,6 +198,8 @@ def _train_bench(
         row, tm = rows[label], timings[label]
         params = [p for p in step.model.parameters()]
         mem: dict[str, Any] = {"saved_activation_bytes": saved_tensor_bytes(step.loss, exclude=params)}
+        if row["pe"] in ("tape", "rope"):  # explains TAPE's memory gap tensor by tensor
+            mem["saved_by_tensor"] = saved_tensors_by_shape(step.loss, exclude=params)
         if device.type == "cuda":
             mem["cuda_peak_bytes"] = cuda_peak_bytes(step, device)
         row.update(time_s=tm.to_dict(), steps_per_s=1.0 / tm.median_s,
@@ -180,8 +208,10 @@ def _train_bench(
     del steps
     gc.collect()
     if device.type == "cpu" and s.rss:
-        log(f"train step: peak RSS of one step, {len(variants)} fresh processes")
+        log(f"train step: peak RSS of one step, {len(timings)} fresh processes")
         for v in variants:
+            if v.label not in timings:
+                continue
             spec = {"model": rows[v.label]["model"], "batch": t.batch, "seq_len": t.seq_len,
                     "threads": s.threads, "seed": s.seed}
             rows[v.label]["memory"].update(rss_in_subprocess(spec))
@@ -197,29 +227,46 @@ def _memory_keys(row: dict[str, Any]) -> list[str]:
 def _add_ratios(section: dict[str, Any], ref: str = "rope") -> None:
     """Per row: time, FLOP and memory ratios against RoPE's row of the same section."""
     rows, timings = section["rows"], section.pop("_timings")
-    if ref not in rows:
+    if ref not in rows or ref not in timings:
         return
     r = rows[ref]
     for label, row in rows.items():
+        if label not in timings:
+            row["vs_rope"] = {"flops": _ratio(row["flops"], r["flops"])}
+            continue
         row["vs_rope"] = {
             "time": row["time_s"]["median_s"] / r["time_s"]["median_s"],
             "time_min": row["time_s"]["min_s"] / r["time_s"]["min_s"],  # least disturbed calls
             "time_paired": paired_ratio(timings[label], timings[ref]),
+            "cpu_time_paired": paired_ratio(timings[label], timings[ref], cpu=True),
             "flops": _ratio(row["flops"], r["flops"]),
             "memory": {k: _ratio(row["memory"][k], r["memory"].get(k)) for k in _memory_keys(row)},
         }
 
 
+def _saved_gap(tape_row: dict[str, Any], rope_row: dict[str, Any]) -> dict[str, int]:
+    """Saved-for-backward bytes by "shape dtype", TAPE minus RoPE (non-zero entries, largest first)."""
+    a = tape_row.get("memory", {}).get("saved_by_tensor", {})
+    b = rope_row.get("memory", {}).get("saved_by_tensor", {})
+    gap = {k: a.get(k, {}).get("bytes", 0) - b.get(k, {}).get("bytes", 0) for k in set(a) | set(b)}
+    return dict(sorted(((k, d) for k, d in gap.items() if d), key=lambda kv: -abs(kv[1])))
+
+
 def _tape_summary(result: dict[str, Any]) -> dict[str, Any]:
-    """TAPE/RoPE ratios (fused, unfused), the FLOP lower bound, and the paper's ratios."""
+    """Per TAPE variant its ratios to RoPE, the FLOP lower bound, and the paper's ratios."""
     out: dict[str, Any] = {}
     for section in ("attention_op", "train_step"):
         rows = result[section]["rows"]
-        if not {"tape_fused", "tape_unfused", "rope"} <= set(rows):
+        tapes = {k.removeprefix("tape_"): r for k, r in rows.items() if r["pe"] == "tape"}
+        if not tapes or "rope" not in rows:
             continue
-        entry = {name: rows[f"tape_{name}"]["vs_rope"] for name in ("fused", "unfused")}
-        # The least work exact TAPE needs: one QK^T for V and E (the fused count).
-        entry["flop_lower_bound"] = rows["tape_fused"]["vs_rope"]["flops"]
+        entry: dict[str, Any] = {name: r.get("vs_rope", {}) | ({"not_run": r["not_run"]} if "not_run" in r else {})
+                                 for name, r in tapes.items()}
+        # The least work exact TAPE needs: one QKᵀ for V and E (the smallest TAPE count).
+        entry["flop_lower_bound"] = min(r["vs_rope"]["flops"] for r in tapes.values())
+        if section == "train_step":
+            entry["saved_by_tensor_minus_rope"] = {
+                name: _saved_gap(r, rows["rope"]) for name, r in tapes.items() if "not_run" not in r}
         out[section] = entry
     p = paper_numbers.TABLE4
     out["paper_table4"] = {"fused": p["tape_fused"]["time_s"] / p["rope"]["time_s"],
@@ -233,7 +280,7 @@ def run_benchmark(settings: BenchSettings, log: Callable[[str], None] = print) -
     if settings.threads:
         torch.set_num_threads(int(settings.threads))
     op_dtype, autocast = _dtypes(settings, device)
-    variants = make_variants(settings.pes)
+    variants = make_variants(settings.pes, settings.tape_modes)
     load_start = _load_average()
     result: dict[str, Any] = {
         "settings": asdict(settings),

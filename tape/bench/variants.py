@@ -1,4 +1,4 @@
-"""The benchmarked variants: every PE once, TAPE twice (fused [V|E] call and two equal-width calls)."""
+"""The benchmarked variants: every PE once, TAPE once per way of computing A·V and A·E."""
 
 from __future__ import annotations
 
@@ -8,6 +8,16 @@ from typing import Sequence
 import tape.pe as pe_registry
 from tape.model.config import ModelConfig
 
+# label -> (tape_fused, attn_backend or None for the run's backend, what it is)
+TAPE_MODES: dict[str, tuple[bool | str | None, str | None, str]] = {
+    "fused": (True, None, "one QKᵀ: the Triton kernel on CUDA; on CPU one SDPA call, as auto"),
+    "unfused": (False, None, "two equal-width attention calls (the paper's 'w/o fusion')"),
+    "concat": ("concat", None, "one SDPA call with [V | E] as values"),
+    "padded": ("padded", None, "one SDPA call, q and k zero-padded to [V | E]'s width"),
+    "triton": (True, "triton", "the Triton [V | E] kernel (CUDA only)"),
+}
+DEFAULT_TAPE_MODES = ("fused", "unfused", "concat", "padded", "triton")
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -15,27 +25,35 @@ class Variant:
 
     label: str  # "tape_fused", "tape_unfused", "rope", ...
     pe: str
-    fused: bool = True
+    fused: bool | str | None = True
+    backend: str | None = None  # None: the run's attention backend
+    needs_cuda: bool = False
 
     def config(self, base: ModelConfig) -> ModelConfig:
-        """``base`` with this variant's PE and fusion switched in."""
-        return base.replace(pe=self.pe, tape_fused=self.fused)
+        """``base`` with this variant's PE, fusion and (if set) backend switched in."""
+        cfg = base.replace(pe=self.pe, tape_fused=self.fused)
+        return cfg if self.backend is None else cfg.replace(attn_backend=self.backend)
 
 
 # The paper's Table 3/4 columns first, then the other encodings in registry order.
 _HEAD = ("tape", "rope", "fire", "t5")
 
 
-def make_variants(pes: Sequence[str]) -> list[Variant]:
-    """Variants for the PE names given (order: TAPE fused/unfused, RoPE, FIRE, T5, the rest)."""
+def make_variants(pes: Sequence[str], tape_modes: Sequence[str] = DEFAULT_TAPE_MODES) -> list[Variant]:
+    """Variants for the PE names given (order: TAPE's modes, RoPE, FIRE, T5, the rest)."""
     unknown = sorted(set(pes) - set(pe_registry.names()))
     if unknown:
         raise ValueError(f"unknown PE(s) {unknown}; choose from {pe_registry.names()}")
+    bad = sorted(set(tape_modes) - set(TAPE_MODES))
+    if bad:
+        raise ValueError(f"unknown tape_modes {bad}; choose from {list(TAPE_MODES)}")
     ordered = [p for p in _HEAD if p in pes] + sorted(p for p in set(pes) if p not in _HEAD)
     out: list[Variant] = []
     for pe in ordered:
         if pe == "tape":
-            out += [Variant("tape_fused", "tape", True), Variant("tape_unfused", "tape", False)]
+            for mode in tape_modes:
+                fused, backend, _ = TAPE_MODES[mode]
+                out.append(Variant(f"tape_{mode}", "tape", fused, backend, needs_cuda=mode == "triton"))
         else:
             out.append(Variant(pe, pe))
     return out

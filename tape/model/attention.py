@@ -1,26 +1,50 @@
-"""One attention shim for every PE: flash-attn -> PyTorch SDPA -> eager, same results.
+"""One attention shim for every PE: same results from every backend, the fastest exact path picked.
 
 ``attend`` computes softmax(q kᵀ / sqrt(d) + bias + mask) · V and, for TAPE, the same weights
-applied to extra value rows E. How it gets A·V and A·E depends on the backend:
-- eager: A is materialised once and multiplied by V and E (truly fused);
-- SDPA: ``fuse=True`` concatenates [V | E] into one call; ``fuse=False`` makes two calls of equal
-  width; ``fuse=None`` (auto) makes one call except on CPU, where a wider value drops SDPA to
-  its math kernel, so two calls are faster there;
-- flash-attn (CUDA, fp16/bf16, no arbitrary bias or padding mask): one call per value tensor,
-  since FlashAttention-2 wants the value head dim equal to the query's.
+applied to extra value rows E. Backends (``attn_backend``):
+- ``triton``: ``tape.kernels.triton_attention``, one QKᵀ and one online softmax for [V | E] with a
+  backward that sums both value paths into dq and dk. Needs triton, no bias or padding mask,
+  head dims <= 128; TAPE calls only (calls without E go on as ``auto``). On CPU tensors it runs
+  under the Triton interpreter (slow: tests only). Never run on a GPU in this project so far.
+- ``flash``: flash-attn (CUDA, fp16/bf16, no arbitrary bias or padding mask), one call per value
+  tensor, since FlashAttention-2 wants V as wide as q and k.
+- ``sdpa``: PyTorch scaled_dot_product_attention; takes every call.
+- ``eager``: A materialised once and multiplied by V and E (only when asked for).
+
+``auto`` falls back in this order. A call without E (every PE but TAPE): flash, else sdpa.
+A TAPE call on CUDA: triton (unless ``tape_fused`` is False), else two equal-width calls with
+flash-attn or under grouped-query attention (SDPA's fast kernels want V as wide as q/k there),
+else one SDPA ``concat`` call (its memory-efficient and cuDNN kernels take a wider value).
+A TAPE call on CPU: one SDPA call, ``concat`` up to ``CPU_CONCAT_MAX_KEYS`` keys, else ``padded``.
+
+The SDPA value layouts (``fuse``, from ``ModelConfig.tape_fused``):
+- ``"two_calls"`` (False): one call per value tensor of equal width (QKᵀ and softmax twice);
+- ``"concat"``: one call with [V | E] (width 2d). On CPU a value wider than q/k drops SDPA to its
+  math kernel, which still wins for short sequences and loses for long ones (fwd+bwd CPU time
+  against two calls, 1 thread, 12 heads of 64: 0.93x at N = 256, 0.87x at 512, 1.43x at 1024);
+- ``"padded"``: one call with q and k zero-padded to [V | E]'s width (the logits are unchanged;
+  the scale stays 1/sqrt(d)), so CPU's flash kernel takes it (0.97x two calls at N = 1024);
+- True: one QKᵀ: the Triton kernel where ``auto`` would take it, else one SDPA call as on CPU;
+- None (auto): as above.
 All paths are exact; tests check that they agree.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-Backend = Literal["auto", "flash", "sdpa", "eager"]
+from tape import kernels
+
+Backend = Literal["auto", "flash", "triton", "sdpa", "eager"]
+Fuse = Union[bool, Literal["two_calls", "concat", "padded"], None]
+CPU_CONCAT_MAX_KEYS = 512
+"""On CPU, up to this many keys one [V | E] math call beats two flash calls; beyond, ``padded``."""
 
 try:  # optional GPU extra: pip install -e .[flash]
     from flash_attn import flash_attn_func as _flash_attn_func
@@ -30,6 +54,24 @@ except Exception:  # noqa: BLE001 - any import failure means "not available"
 
 def flash_available() -> bool:
     return _flash_attn_func is not None and torch.cuda.is_available()
+
+
+def triton_available() -> bool:
+    """The Triton kernel can be imported (tape.kernels.triton_attention)."""
+    return kernels.triton_available()
+
+
+def _device_type(x: Tensor) -> str:
+    """The device kind the choice is made for (one seam, so tests can fake CUDA on CPU tensors)."""
+    return x.device.type
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one ``attend`` call runs: the backend and how A·V and A·E come out of it."""
+
+    backend: str  # "flash" | "triton" | "sdpa" | "eager"
+    values: str  # "single" (no E, or one pass: eager, triton) | "two_calls" | "concat" | "padded"
 
 
 def causal_mask(
@@ -92,29 +134,91 @@ def _flash(q, k, v, alibi_slopes, scale):
     return out.transpose(1, 2)
 
 
-def pick_backend(
-    backend: Backend, q: Tensor, mask: Tensor | None, bias: Tensor | None, alibi: bool
-) -> str:
-    """The backend ``auto`` resolves to for this call (and a check that a forced one can run)."""
-    flash_ok = (
+def _triton(q, k, v, extra, scale):
+    from tape.kernels.triton_attention import fused_attention
+
+    return list(fused_attention(q, k, v, extra, scale))
+
+
+def _flash_ok(q: Tensor, mask: Tensor | None, bias: Tensor | None, alibi: bool) -> bool:
+    return (
         flash_available()
-        and q.is_cuda
+        and _device_type(q) == "cuda"
         and q.dtype in (torch.float16, torch.bfloat16)
         and mask is None
         and (bias is None or alibi)
         and q.shape[-1] <= 256
     )
+
+
+def _triton_ok(q: Tensor, k: Tensor, extra: Tensor | None, mask: Tensor | None, bias: Tensor | None) -> bool:
+    return (
+        extra is not None
+        and triton_available()
+        and mask is None
+        and bias is None
+        and q.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and max(q.shape[-1], extra.shape[-1]) <= 128
+        and q.shape[-2] <= k.shape[-2]
+    )
+
+
+def _one_sdpa_call(q: Tensor, k: Tensor) -> str:
+    """The single-call form for SDPA: CUDA takes a wider value; CPU picks by length."""
+    if _device_type(q) == "cuda":
+        return "concat"
+    return "concat" if k.shape[-2] <= CPU_CONCAT_MAX_KEYS else "padded"
+
+
+def plan_attention(
+    backend: Backend, fuse: Fuse, q: Tensor, k: Tensor, extra: Tensor | None,
+    mask: Tensor | None, bias: Tensor | None, alibi: bool,
+) -> Plan:
+    """The backend and value layout for this call (the fallback order of the module docstring),
+    and a check that a forced backend can run it."""
+    flash_ok = _flash_ok(q, mask, bias, alibi)
+    if backend not in ("auto", "flash", "triton", "sdpa", "eager"):
+        raise ValueError(f"attn_backend={backend!r}; choose auto, flash, triton, sdpa or eager")
+    if fuse not in (True, False, None, "two_calls", "concat", "padded"):
+        raise ValueError(f"tape_fused={fuse!r}; choose true, false, null, two_calls, concat or padded")
+    if backend == "flash" and not flash_ok:
+        raise RuntimeError(
+            "attn_backend='flash' needs flash-attn installed (pip install -e .[flash]), a CUDA "
+            "device, fp16/bf16 inputs, no padding mask and no bias other than ALiBi; "
+            "use attn_backend='auto' to fall back to SDPA"
+        )
+    if backend == "triton" and extra is not None and not _triton_ok(q, k, extra, mask, bias):
+        raise RuntimeError(
+            "attn_backend='triton' needs triton installed (pip install triton), no padding mask "
+            "or attention bias (use it for unpadded TAPE batches), head dims <= 128 and at most "
+            "as many queries as keys; use attn_backend='auto' to fall back to SDPA"
+        )
+    if extra is None:  # one value tensor: the Triton kernel is for [V | E] only
+        if backend in ("sdpa", "eager"):
+            return Plan(backend, "single")
+        return Plan("flash" if flash_ok else "sdpa", "single")
+    mode = {True: "one", False: "two_calls", None: "auto"}.get(fuse, fuse)  # type: ignore[arg-type]
+    cuda = _device_type(q) == "cuda"
+    if backend == "eager":
+        return Plan("eager", "single")
+    if backend == "triton":
+        return Plan("triton", "single")
     if backend == "flash":
-        if not flash_ok:
-            raise RuntimeError(
-                "attn_backend='flash' needs flash-attn installed (pip install -e .[flash]), a CUDA "
-                "device, fp16/bf16 inputs, no padding mask and no bias other than ALiBi; "
-                "use attn_backend='auto' to fall back to SDPA"
-            )
-        return "flash"
-    if backend == "auto":
-        return "flash" if flash_ok else "sdpa"
-    return backend
+        return Plan("flash", "two_calls")
+    if backend == "auto" and mode in ("one", "auto") and cuda and _triton_ok(q, k, extra, mask, bias):
+        return Plan("triton", "single")
+    gqa = q.shape[1] != k.shape[1]
+    if mode == "two_calls" or (backend == "auto" and mode == "auto" and cuda and (flash_ok or gqa)):
+        return Plan("flash" if flash_ok and backend == "auto" else "sdpa", "two_calls")
+    return Plan("sdpa", _one_sdpa_call(q, k) if mode in ("one", "auto") else mode)
+
+
+def pick_backend(
+    backend: Backend, q: Tensor, mask: Tensor | None, bias: Tensor | None, alibi: bool,
+    extra: Tensor | None = None, k: Tensor | None = None, fuse: Fuse = None,
+) -> str:
+    """The backend ``auto`` resolves to for this call (and a check that a forced one can run)."""
+    return plan_attention(backend, fuse, q, q if k is None else k, extra, mask, bias, alibi).backend
 
 
 def attend(
@@ -127,31 +231,38 @@ def attend(
     bias: Tensor | None = None,
     alibi_slopes: Tensor | None = None,
     backend: Backend = "auto",
-    fuse: bool | None = None,
+    fuse: Fuse = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Causal attention. q: (B, H, Nq, d); k, v: (B, Hkv, Nk, d); extra: (B, Hkv, Nk, de).
 
     mask: (B or 1, 1, Nq, Nk) bool from ``causal_mask``, or None for the plain causal case
     (Nq == Nk, or a single query that sees every key). bias: (B or 1, H, Nq, Nk) float, added to
     the logits; when it is ALiBi, pass its ``alibi_slopes`` too so flash-attn can apply it.
+    extra is aggregated in v's dtype (TAPE keeps E in float32 and adds A·E back into it).
     Returns (A·V of shape (B, H, Nq, d), A·extra of shape (B, H, Nq, de) or None).
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     is_causal = mask is None and q.shape[-2] == k.shape[-2] and q.shape[-2] > 1
-    chosen = pick_backend(backend, q, mask, bias, alibi_slopes is not None)
+    if extra is not None:
+        extra = extra.to(v.dtype)
+    plan = plan_attention(backend, fuse, q, k, extra, mask, bias, alibi_slopes is not None)
     values = [v] if extra is None else [v, extra]
-    if fuse is None:
-        fuse = q.is_cuda
+    width = v.shape[-1]
 
-    if chosen == "eager":
+    if plan.backend == "eager":
         outs = _eager(q, k, values, mask, bias, is_causal, scale)
-    elif chosen == "flash":
+    elif plan.backend == "triton":
+        outs = _triton(q, k, v, extra, scale)
+    elif plan.backend == "flash":
         slopes = alibi_slopes.to(q.device, torch.float32) if bias is not None else None
-        outs = [_flash(q, k, val.to(q.dtype), slopes, scale) for val in values]
-    elif fuse and extra is not None:
-        width = v.shape[-1]
-        both = _sdpa(q, k, torch.cat([v, extra.to(v.dtype)], dim=-1), mask, bias, is_causal, scale)
+        outs = [_flash(q, k, val, slopes, scale) for val in values]
+    elif plan.values in ("concat", "padded"):
+        both = torch.cat([v, extra], dim=-1)  # (B, Hkv, Nk, d + de)
+        if plan.values == "padded":  # zero channels leave q kᵀ unchanged; scale passed explicitly
+            pad = both.shape[-1] - q.shape[-1]
+            q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))
+        both = _sdpa(q, k, both, mask, bias, is_causal, scale)
         outs = [both[..., :width], both[..., width:]]
     else:
-        outs = [_sdpa(q, k, val.to(q.dtype), mask, bias, is_causal, scale) for val in values]
+        outs = [_sdpa(q, k, val, mask, bias, is_causal, scale) for val in values]
     return outs[0], (outs[1] if extra is not None else None)

@@ -33,8 +33,9 @@ class ModelConfig:
     init_std: float = 0.02
     pe: str = "rope"
     """Positional encoding, a name from ``tape.pe.names()``."""
-    attn_backend: Literal["auto", "flash", "sdpa", "eager"] = "auto"
-    """auto: flash-attn on CUDA when installed and the call allows it, else PyTorch SDPA."""
+    attn_backend: Literal["auto", "flash", "triton", "sdpa", "eager"] = "auto"
+    """auto: TAPE's Triton [V | E] kernel or flash-attn on CUDA when installed and the call allows
+    it, else PyTorch SDPA (fallback order: tape/model/attention.py)."""
     gradient_checkpointing: bool = False
     """Recompute each block in the backward pass instead of storing its activations (training
     only; same loss and gradients, less memory: the paper fine-tuned SCROLLS at 8k this way)."""
@@ -73,11 +74,11 @@ class ModelConfig:
     """Update E with the attention weights (A·E). Off = the 'FF only' ablation."""
     tape_mlp_update: bool = True
     """Update E with the token-gated PE-MLP. Off = the 'attention only' ablation."""
-    tape_fused: bool | None = None
-    """How A·V and A·E are computed. True: one attention call with [V | E] as values (one QKᵀ).
-    False: two calls of equal width. None (auto): one call, except on CPU SDPA, whose fast
-    kernel needs V as wide as q and k, so two calls are faster there (results/efficiency.md).
-    flash-attn always takes two calls (it wants equal widths). All are exact."""
+    tape_fused: bool | Literal["two_calls", "concat", "padded"] | None = None
+    """How A·V and A·E are computed. True: one QKᵀ (the Triton kernel on CUDA; one SDPA call with
+    [V | E] as values otherwise). False or two_calls: two calls of equal width. concat / padded:
+    one SDPA call with [V | E], q and k as they are / zero-padded to its width. None (auto): the
+    fastest exact path per device and length (tape/model/attention.py). All are exact."""
 
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form metadata carried with checkpoints (ignored by the model)."""
@@ -145,9 +146,14 @@ class ModelConfig:
             problems.append(f"tape_post_attn={self.tape_post_attn!r}; choose 'mix' or 'rowsum'")
         if self.tape_zero_init not in ("w1", "w2"):
             problems.append(f"tape_zero_init={self.tape_zero_init!r}; choose 'w1' or 'w2'")
-        if self.attn_backend not in ("auto", "flash", "sdpa", "eager"):
+        if self.attn_backend not in ("auto", "flash", "triton", "sdpa", "eager"):
             problems.append(
-                f"attn_backend={self.attn_backend!r}; choose 'auto', 'flash', 'sdpa' or 'eager'"
+                f"attn_backend={self.attn_backend!r}; choose 'auto', 'flash', 'triton', 'sdpa' or 'eager'"
+            )
+        if self.tape_fused not in (True, False, None, "two_calls", "concat", "padded"):
+            problems.append(
+                f"tape_fused={self.tape_fused!r}; choose true, false, null (auto), 'two_calls', "
+                "'concat' or 'padded'"
             )
         if self.tape_position_size is not None and self.tape_position_size <= 0:
             problems.append(f"tape_position_size={self.tape_position_size} must be positive")

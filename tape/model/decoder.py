@@ -96,6 +96,7 @@ def attention_forward(
     k = attn.k_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, N, d)
     v = attn.v_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)
     q, k = pe.rotate(q, k, state)
+    q, k = q.to(v.dtype), k.to(v.dtype)  # rotated in E's float32: back to the attention's dtype
     extra = pe.extra_values(state)  # (B, Hkv, N, de) for TAPE, else None
     if cache is not None:
         k, v, extra = cache.update(layer_idx, k, v, extra)

@@ -6,7 +6,9 @@ table; every layer
   1. rotates q and k with its current E (RoPE's formula with learned, contextual cos/sin),
   2. aggregates E with the same attention weights as V (A·E), maps it over heads and adds it,
   3. mixes E over heads through a token-gated MLP: E += W2 · diag(SiLU(W_x m)) · W1 · E, where
-     m is the layer's MLP output.
+     m is the layer's MLP output. Per token this is one He x He matrix M_n = W2 diag(g_n) W1
+     applied to E (He = E heads): 2·He²·d multiply-adds per token instead of 2·I·He·d, and no
+     (B, I, N, d) intermediates. ``_TokenMix`` forms M_n and recomputes it in backward.
 Every update is real-linear in E with the same coefficients for c and s and never mixes
 frequencies, so multiplying all z_b by a common phase commutes with the layer: the token
 stream is exactly invariant to a global position shift.
@@ -14,9 +16,13 @@ stream is exactly invariant to a global position shift.
 The official code stores cos and sin at full width d with tied halves; we store each pair once
 (tape-spec F.2.7), which halves E's memory and makes A·E exactly as wide as A·V.
 With grouped-query attention E lives per key/value head; query heads rotate with their group's E.
+E stays float32 across layers whatever the activation dtype (tape-spec F.2.2): its updates arrive
+in the activation dtype (A·E) or are computed in float32 (the token mix) and are added in float32.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +32,49 @@ from tape.model.config import ModelConfig
 from tape.pe import register
 from tape.pe.base import LayerPE, PositionalEncoding, PositionState
 from tape.pe.rope import rope_table, rotate
+
+
+class _TokenMix(torch.autograd.Function):
+    """delta[b, :, n] = M_bn · E[b, :, n] with M_bn = W2 diag(g_bn) W1 (He x He per token).
+
+    Computed in E's dtype (float32) with autocast off. Saves only E (kept alive by the attention
+    anyway) and the gate; backward recomputes M and E's token-major copy instead of storing them.
+    """
+
+    @staticmethod
+    def forward(ctx, e: Tensor, gate: Tensor, w1: Tensor, w2: Tensor) -> Tensor:  # noqa: D102
+        # e (B, He, N, d); gate (B, N, I); w1 (I, He); w2 (He, I)
+        ctx.save_for_backward(e, gate, w1, w2)
+        with _no_autocast(e):
+            mix = _mix_matrix(gate.to(e.dtype), w1.to(e.dtype), w2.to(e.dtype))  # (B, N, He, He)
+            return torch.matmul(mix, e.transpose(1, 2)).transpose(1, 2)  # (B, He, N, d)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        e, gate, w1, w2 = ctx.saved_tensors
+        with _no_autocast(e):
+            g, w1f, w2f = gate.to(e.dtype), w1.to(e.dtype), w2.to(e.dtype)
+            grad_t, e_t = grad.to(e.dtype).transpose(1, 2), e.transpose(1, 2)  # (B, N, He, d)
+            mix = _mix_matrix(g, w1f, w2f)  # (B, N, He, He), recomputed
+            grad_e = torch.matmul(mix.transpose(-1, -2), grad_t).transpose(1, 2)  # (B, He, N, d)
+            grad_mix = torch.matmul(grad_t, e_t.transpose(-1, -2))  # (B, N, He, He)
+            left = torch.matmul(w2f.t(), grad_mix)  # (B, N, I, He) = W2ᵀ dM
+            grad_gate = (left * w1f).sum(-1)  # (B, N, I)
+            grad_w1 = torch.einsum("bni,bnij->ij", g, left)  # (I, He)
+            grad_w2 = torch.einsum("bnhj,bni,ij->hi", grad_mix, g, w1f)  # (He, I)
+        return grad_e, grad_gate.to(gate.dtype), grad_w1.to(w1.dtype), grad_w2.to(w2.dtype)
+
+
+def _no_autocast(x: Tensor) -> contextlib.AbstractContextManager:
+    """Autocast off on x's device (the meta device, used for FLOP counts, has no autocast)."""
+    if torch.amp.is_autocast_available(x.device.type):
+        return torch.autocast(x.device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _mix_matrix(gate: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
+    """M = W2 diag(g) W1 per token: gate (B, N, I), w1 (I, He), w2 (He, I) -> (B, N, He, He)."""
+    return torch.matmul(w2 * gate[..., None, :], w1)
 
 
 class TAPELayer(LayerPE):
@@ -79,13 +128,8 @@ class TAPELayer(LayerPE):
     def after_mlp(self, state: PositionState, mlp_out: Tensor) -> PositionState:
         if self.x_proj is None:
             return state
-        gate = F.silu(self.x_proj(mlp_out)).transpose(1, 2)[..., None]  # (B, I, N, 1)
-        e = state.rot  # (B, He, N, d)
-        b, he, n, d = e.shape
-        # Two matmuls over the head axis in E's own layout (no permute copies).
-        u = torch.matmul(self.w1.weight, e.reshape(b, he, n * d)).view(b, -1, n, d)  # (B, I, N, d)
-        u = u * gate  # gate per (token, channel i), shared over d
-        delta = torch.matmul(self.w2.weight, u.reshape(b, -1, n * d)).view(b, he, n, d)
+        gate = F.silu(self.x_proj(mlp_out))  # (B, N, I): per (token, channel i), shared over d
+        delta = _TokenMix.apply(state.rot, gate, self.w1.weight, self.w2.weight)  # (B, He, N, d)
         return state.with_rot(state.rot + delta)
 
     def init_weights(self, std: float) -> None:
@@ -106,7 +150,8 @@ class TAPE(PositionalEncoding):
 
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
         cfg = self.cfg
-        table = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype)
+        e_dtype = torch.promote_types(dtype, torch.float32)  # E is float32 (or float64) at every layer
+        table = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, e_dtype)
         b, _, n, d = table.shape
         rot = table.expand(b, cfg.kv_heads, n, d)  # (B, He, N, d): one E per key/value head
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)

@@ -1,0 +1,11 @@
+"""Custom attention kernels. ``triton_attention`` needs triton (import it only where available:
+``tape.kernels.triton_available()`` says whether it is)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+
+def triton_available() -> bool:
+    """True when triton (and numpy, which its CPU interpreter needs) can be imported."""
+    return importlib.util.find_spec("triton") is not None and importlib.util.find_spec("numpy") is not None

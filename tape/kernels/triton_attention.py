@@ -1,0 +1,329 @@
+"""Fused causal attention for [V | E] in Triton: one QKᵀ, one online softmax, two accumulators.
+
+Forward (per query block): S = q kᵀ · scale over the visible key blocks, a running max m and sum
+l shared by both value tensors, acc_v += P·V and acc_e += P·E with the same rescaling, then
+O = acc_v / l, O_e = acc_e / l and LSE = m + log(l) (natural log, float32).
+Backward recomputes P = exp(S - LSE) and sums both paths in dS = P ∘ (dO·Vᵀ + dO_e·Eᵀ - Δ),
+Δ = rowsum(dO ∘ O) + rowsum(dO_e ∘ O_e), so dq and dk carry the gradient of the A·E path
+(the official kernel drops it, tape-spec C.1). dk, dV and dE are summed over each key/value
+head's query group inside one program (no atomics), so grouped-query attention is exact.
+
+Causal masking is lower-right aligned (query i sees keys j <= i + Nk - Nq, as for a KV cache).
+Inputs may be float32, float16 or bfloat16 (products accumulate in float32); head dims up to 128
+and any lengths (tails are masked). CUDA tensors run compiled; CPU tensors run under the Triton
+interpreter (slow: for tests and for proving the kernel on machines without a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+MAX_HEAD_DIM = 128
+
+
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b accumulated in float32. UPCAST (interpreter only): multiply bfloat16 tiles as exact
+    float32 copies, since the interpreter's dot cannot take bfloat16; compiled kernels never set it."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _load(base, rows, stride, n_rows, width, BLOCK_W: tl.constexpr):
+    """Tile (rows, BLOCK_W) of a row-major (n_rows, width) matrix; masked entries are 0."""
+    cols = tl.arange(0, BLOCK_W)
+    return tl.load(base + rows[:, None] * stride + cols[None, :],
+                   mask=(rows[:, None] < n_rows) & (cols[None, :] < width), other=0.0)
+
+
+@triton.jit
+def _store(base, rows, stride, n_rows, width, value, BLOCK_W: tl.constexpr):
+    """Write ``value`` (rows, BLOCK_W) into a row-major (n_rows, width) matrix, masked."""
+    cols = tl.arange(0, BLOCK_W)
+    tl.store(base + rows[:, None] * stride + cols[None, :], value.to(base.dtype.element_ty),
+             mask=(rows[:, None] < n_rows) & (cols[None, :] < width))
+
+
+@triton.jit
+def _probs(q, k, lse, rows, cols, NQ, NK, scale, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """P = exp(q kᵀ · scale - LSE) (M, N) float32, 0 where masked (lower-right causal)."""
+    s = _mm(q, tl.trans(k), PREC, UPCAST) * scale
+    visible = (rows[:, None] < NQ) & (cols[None, :] < NK) & (cols[None, :] <= rows[:, None] + NK - NQ)
+    return tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+
+
+def _fwd(
+    Q, K, V, E, O, OE, LSE,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
+    so_b, so_h, so_n, soe_b, soe_h, soe_n,
+    H, GROUPS, NQ, NK, D, DV, DE, scale,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
+):
+    """One query block of one query head: O, O_e and LSE."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
+    hk = h // GROUPS
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = _load(Q + b * sq_b + h * sq_h, rows, sq_n, NQ, D, BLOCK_D)  # (M, D)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc_v = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    acc_e = tl.zeros([BLOCK_M, BLOCK_DE], tl.float32)
+    hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)  # keys past this are masked for every row
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = _load(K + b * sk_b + hk * sk_h, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
+        v = _load(V + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, BLOCK_DV)  # (N, DV)
+        e = _load(E + b * se_b + hk * se_h, cols, se_n, NK, DE, BLOCK_DE)  # (N, DE)
+        s = _mm(q, tl.trans(k), PREC, UPCAST) * scale  # (M, N) float32
+        s = tl.where((cols[None, :] < NK) & (cols[None, :] <= rows[:, None] + NK - NQ), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 is visible to every row
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc_v = acc_v * alpha[:, None] + _mm(p.to(v.dtype), v, PREC, UPCAST)
+        acc_e = acc_e * alpha[:, None] + _mm(p.to(e.dtype), e, PREC, UPCAST)
+        m_i = m_new
+    _store(O + b * so_b + h * so_h, rows, so_n, NQ, DV, acc_v / l_i[:, None], BLOCK_DV)
+    _store(OE + b * soe_b + h * soe_h, rows, soe_n, NQ, DE, acc_e / l_i[:, None], BLOCK_DE)
+    tl.store(LSE + pid_bh * NQ + rows, m_i + tl.log(l_i), mask=rows < NQ)
+
+
+def _bwd_dkdvde(
+    Q, K, V, E, DO, DOE, LSE, DELTA, DK, DV_, DE_,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
+    sdo_b, sdo_h, sdo_n, sdoe_b, sdoe_h, sdoe_n,
+    H, HKV, GROUPS, NQ, NK, D, DV, DE, scale,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
+):
+    """One key block of one key/value head: dK, dV, dE summed over its query heads and blocks."""
+    pid_n, pid_bk = tl.program_id(0), tl.program_id(1)
+    b, hk = pid_bk // HKV, pid_bk % HKV
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = _load(K + b * sk_b + hk * sk_h, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
+    v = _load(V + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, BLOCK_DV)  # (N, DV)
+    e = _load(E + b * se_b + hk * se_h, cols, se_n, NK, DE, BLOCK_DE)  # (N, DE)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    de = tl.zeros([BLOCK_N, BLOCK_DE], tl.float32)
+    # The first query that sees key j is j - (NK - NQ); start at its block.
+    lo = tl.maximum(pid_n * BLOCK_N - (NK - NQ), 0) // BLOCK_M * BLOCK_M
+    for g in range(0, GROUPS):
+        h = hk * GROUPS + g
+        for start_m in range(lo, NQ, BLOCK_M):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            q = _load(Q + b * sq_b + h * sq_h, rows, sq_n, NQ, D, BLOCK_D)  # (M, D)
+            do = _load(DO + b * sdo_b + h * sdo_h, rows, sdo_n, NQ, DV, BLOCK_DV)  # (M, DV)
+            doe = _load(DOE + b * sdoe_b + h * sdoe_h, rows, sdoe_n, NQ, DE, BLOCK_DE)  # (M, DE)
+            lse = tl.load(LSE + (b * H + h) * NQ + rows, mask=rows < NQ, other=0.0)
+            delta = tl.load(DELTA + (b * H + h) * NQ + rows, mask=rows < NQ, other=0.0)
+            p = _probs(q, k, lse, rows, cols, NQ, NK, scale, PREC, UPCAST)  # (M, N)
+            dv += _mm(tl.trans(p.to(do.dtype)), do, PREC, UPCAST)
+            de += _mm(tl.trans(p.to(doe.dtype)), doe, PREC, UPCAST)
+            dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
+            ds = p * (dp - delta[:, None]) * scale  # (M, N): both value paths
+            dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC, UPCAST)
+    _store(DK + b * sk_b + hk * sk_h, cols, sk_n, NK, D, dk, BLOCK_D)
+    _store(DV_ + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, dv, BLOCK_DV)
+    _store(DE_ + b * se_b + hk * se_h, cols, se_n, NK, DE, de, BLOCK_DE)
+
+
+def _bwd_dq(
+    Q, K, V, E, DO, DOE, LSE, DELTA, DQ,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
+    sdo_b, sdo_h, sdo_n, sdoe_b, sdoe_h, sdoe_n,
+    H, GROUPS, NQ, NK, D, DV, DE, scale,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
+):
+    """One query block of one query head: dQ over its visible key blocks."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
+    hk = h // GROUPS
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q = _load(Q + b * sq_b + h * sq_h, rows, sq_n, NQ, D, BLOCK_D)
+    do = _load(DO + b * sdo_b + h * sdo_h, rows, sdo_n, NQ, DV, BLOCK_DV)
+    doe = _load(DOE + b * sdoe_b + h * sdoe_h, rows, sdoe_n, NQ, DE, BLOCK_DE)
+    lse = tl.load(LSE + pid_bh * NQ + rows, mask=rows < NQ, other=0.0)
+    delta = tl.load(DELTA + pid_bh * NQ + rows, mask=rows < NQ, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = _load(K + b * sk_b + hk * sk_h, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
+        v = _load(V + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, BLOCK_DV)
+        e = _load(E + b * se_b + hk * se_h, cols, se_n, NK, DE, BLOCK_DE)
+        p = _probs(q, k, lse, rows, cols, NQ, NK, scale, PREC, UPCAST)
+        dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
+        ds = p * (dp - delta[:, None]) * scale
+        dq += _mm(ds.to(k.dtype), k, PREC, UPCAST)
+    _store(DQ + b * sq_b + h * sq_h, rows, sq_n, NQ, D, dq, BLOCK_D)
+
+
+_CACHE: dict[tuple[str, bool], object] = {}
+
+
+def _kernel(fn, interpret: bool):
+    """``fn`` compiled by Triton (CUDA) or wrapped for the Triton interpreter (CPU tensors)."""
+    key = (fn.__name__, interpret)
+    if key not in _CACHE:
+        _CACHE[key] = InterpretedFunction(fn) if interpret else triton.jit(fn)
+    return _CACHE[key]
+
+
+@contextlib.contextmanager
+def _interpreting() -> Iterator[None]:
+    """Let Triton's own library functions (tl.zeros, tl.max, ...) run inside an interpreted kernel.
+
+    With TRITON_INTERPRET=1 set before triton is imported they are interpreted functions already;
+    otherwise (triton imported earlier, e.g. by Lightning) they are compiled-only JITFunctions, so
+    for the duration of the launch a call to one runs its Python body as the interpreter does.
+    """
+    original = JITFunction.__call__
+
+    def call(self, *args, **kwargs):
+        return _kernel(self.fn, True)(*args, **kwargs)
+
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+
+
+def _launch(fn, grid: tuple[int, int], interpret: bool, *args, **meta) -> None:
+    if not interpret:
+        _kernel(fn, False)[grid](*args, **meta)
+        return
+    with _interpreting():
+        _kernel(fn, True)[grid](*args, **meta)
+
+
+def _block(width: int) -> int:
+    return max(16, triton.next_power_of_2(width))
+
+
+def _strides(x: Tensor) -> tuple[int, int, int]:
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _unit_last(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor) -> None:
+    """Raise ValueError naming what this kernel cannot take."""
+    (b, h, nq, d), (bk, hkv, nk, dk) = q.shape, k.shape
+    if (bk, dk) != (b, d) or v.shape[:3] != k.shape[:3] or e.shape[:3] != k.shape[:3]:
+        raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"e {tuple(e.shape)} do not fit (B, H, Nq, d) / (B, Hkv, Nk, *)")
+    if h % hkv:
+        raise ValueError(f"{h} query heads are not a multiple of {hkv} key/value heads")
+    if nq > nk:
+        raise ValueError(f"{nq} queries but only {nk} keys: lower-right causal needs Nq <= Nk")
+    if max(d, v.shape[-1], e.shape[-1]) > MAX_HEAD_DIM:
+        raise ValueError(f"head dims {d}, {v.shape[-1]}, {e.shape[-1]}: at most {MAX_HEAD_DIM}")
+    dtypes = {q.dtype, k.dtype, v.dtype, e.dtype}
+    if len(dtypes) != 1 or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtypes {sorted(map(str, dtypes))}: pass q, k, v, e in one of "
+                         "float32, float16, bfloat16")
+
+
+def _meta(q: Tensor, k: Tensor, v: Tensor, e: Tensor, block: int | None) -> dict:
+    bm = block or (16 if q.device.type == "cpu" else 64)
+    upcast = q.device.type == "cpu" and q.dtype == torch.bfloat16
+    return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bm,
+                BLOCK_D=_block(q.shape[-1]), BLOCK_DV=_block(v.shape[-1]), BLOCK_DE=_block(e.shape[-1]))
+
+
+def attention_forward(
+    q: Tensor, k: Tensor, v: Tensor, e: Tensor, scale: float | None = None, block: int | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q (B, H, Nq, d), k (B, Hkv, Nk, d), v (B, Hkv, Nk, dv), e (B, Hkv, Nk, de) ->
+    (A·V (B, H, Nq, dv), A·E (B, H, Nq, de), LSE (B, H, Nq) float32). No autograd."""
+    check_inputs(q, k, v, e)
+    q, k, v, e = map(_unit_last, (q, k, v, e))
+    b, h, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    o = q.new_empty(b, h, nq, v.shape[-1])
+    oe = q.new_empty(b, h, nq, e.shape[-1])
+    lse = torch.empty(b, h, nq, device=q.device, dtype=torch.float32)
+    meta = _meta(q, k, v, e, block)
+    grid = (triton.cdiv(nq, meta["BLOCK_M"]), b * h)
+    _launch(
+        _fwd, grid, q.device.type == "cpu", q, k, v, e, o, oe, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(e),
+        *_strides(o), *_strides(oe), h, h // hkv, nq, nk, d, v.shape[-1], e.shape[-1], scale, **meta,
+    )
+    return o, oe, lse
+
+
+def attention_backward(
+    q: Tensor, k: Tensor, v: Tensor, e: Tensor, o: Tensor, oe: Tensor, lse: Tensor,
+    do: Tensor, doe: Tensor, scale: float | None = None, block: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients (dq, dk, dv, de) of ``attention_forward`` given dO (B, H, Nq, dv), dO_e (.., de)."""
+    q, k, v, e, do, doe = map(_unit_last, (q, k, v, e, do.to(v.dtype), doe.to(e.dtype)))
+    b, h, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    # Δ_i = Σ_j P_ij dP_ij = dO_i·O_i + dO_e,i·O_e,i (both value paths), float32 (B, H, Nq).
+    delta = (do.float() * o.float()).sum(-1) + (doe.float() * oe.float()).sum(-1)
+    dq, dk, dv, de = (torch.empty_like(t) for t in (q, k, v, e))
+    meta = _meta(q, k, v, e, block)
+    common = (*_strides(q), *_strides(k), *_strides(v), *_strides(e), *_strides(do), *_strides(doe))
+    sizes = (nq, nk, d, v.shape[-1], e.shape[-1], scale)
+    interpret = q.device.type == "cpu"
+    grid_kv = (triton.cdiv(nk, meta["BLOCK_N"]), b * hkv)
+    _launch(
+        _bwd_dkdvde, grid_kv, interpret, q, k, v, e, do, doe, lse, delta, dk, dv, de, *common, h, hkv, h // hkv, *sizes, **meta,
+    )
+    grid_q = (triton.cdiv(nq, meta["BLOCK_M"]), b * h)
+    _launch(
+        _bwd_dq, grid_q, interpret, q, k, v, e, do, doe, lse, delta, dq, *common, h, h // hkv, *sizes, **meta,
+    )
+    return dq, dk, dv, de
+
+
+class FusedVEAttention(torch.autograd.Function):
+    """Autograd wrapper: (q, k, v, e) -> (A·V, A·E) with the fused forward and summed backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, e, scale, block):  # noqa: D102
+        o, oe, lse = attention_forward(q, k, v, e, scale, block)
+        ctx.save_for_backward(q, k, v, e, o, oe, lse)
+        ctx.scale, ctx.block = scale, block
+        return o, oe
+
+    @staticmethod
+    def backward(ctx, do, doe):  # noqa: D102
+        q, k, v, e, o, oe, lse = ctx.saved_tensors
+        do = torch.zeros_like(o) if do is None else do
+        doe = torch.zeros_like(oe) if doe is None else doe
+        dq, dk, dv, de = attention_backward(q, k, v, e, o, oe, lse, do, doe, ctx.scale, ctx.block)
+        return dq, dk, dv, de, None, None
+
+
+def fused_attention(
+    q: Tensor, k: Tensor, v: Tensor, e: Tensor, scale: float | None = None, block: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Causal (lower-right) softmax(q kᵀ · scale) applied to V and E with one QKᵀ; differentiable.
+
+    q (B, H, Nq, d); k, v, e (B, Hkv, Nk, ·) with H a multiple of Hkv -> (B, H, Nq, dv), (B, H, Nq, de).
+    """
+    check_inputs(q, k, v, e)
+    return FusedVEAttention.apply(q, k, v, e, scale, block)

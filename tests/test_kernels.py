@@ -1,0 +1,118 @@
+"""The Triton [V | E] attention kernel, run on CPU tensors under the Triton interpreter, against
+float64 autograd of the eager reference: outputs, LSE and the gradients of q, k, v and E."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("triton")  # CI installs it from requirements.txt; this guards bare machines
+from tape.kernels.triton_attention import (  # noqa: E402
+    attention_forward,
+    check_inputs,
+    fused_attention,
+)
+
+
+def reference(q, k, v, e):
+    """Eager causal attention (lower-right aligned), GQA by repetition: (A·V, A·E, LSE)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v, e = (x.repeat_interleave(groups, dim=1) for x in (k, v, e))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Nq, Nk)
+    nq, nk = scores.shape[-2:]
+    hidden = torch.arange(nk)[None, :] > torch.arange(nk - nq, nk)[:, None]
+    scores = scores.masked_fill(hidden, float("-inf"))
+    probs = scores.softmax(-1)
+    return probs @ v, probs @ e, scores.logsumexp(-1)
+
+
+def _inputs(b, h, hkv, nq, nk, d, dv, de, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(b, h, nq, d), (b, hkv, nk, d), (b, hkv, nk, dv), (b, hkv, nk, de)]
+    return [torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes]
+
+
+def _compare(shape, dtype=torch.float32, tol=2e-5, block=16, only_e=False, seed=0):
+    """Max errors of the kernel (in ``dtype``) against float64 autograd, relative to the scale."""
+    exact = _inputs(*shape, seed=seed)
+    exact = [x.to(dtype).double() for x in exact]  # the reference sees the same rounded inputs
+    ours = [x.to(dtype).requires_grad_() for x in exact]
+    ref = [x.clone().requires_grad_() for x in exact]
+    o, oe = fused_attention(*ours, block=block)
+    _, _, lse = attention_forward(*[x.detach() for x in ours], block=block)
+    r_o, r_oe, r_lse = reference(*ref)
+    gen = torch.Generator().manual_seed(seed + 1)
+    g_o = torch.zeros_like(r_o) if only_e else torch.randn(r_o.shape, generator=gen, dtype=torch.float64)
+    g_oe = torch.randn(r_oe.shape, generator=gen, dtype=torch.float64)
+    ((o.double() * g_o).sum() + (oe.double() * g_oe).sum()).backward()
+    ((r_o * g_o).sum() + (r_oe * g_oe).sum()).backward()
+    assert o.dtype == oe.dtype == dtype and lse.dtype == torch.float32
+    pairs = {"o": (o, r_o), "oe": (oe, r_oe), "lse": (lse, r_lse)}
+    pairs.update({f"d{n}": (a.grad, r.grad) for n, a, r in zip("qkve", ours, ref)})
+    for name, (got, want) in pairs.items():
+        assert got.shape == want.shape, name
+        err = (got.double() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e} at {shape}, {dtype}"
+    return ref
+
+
+# (B, H, Hkv, Nq, Nk, d, dv, de)
+SHAPES = {
+    "N not a multiple of the block": (1, 2, 2, 45, 45, 16, 16, 16),
+    "N = 100, head dim 64": (1, 1, 1, 100, 100, 64, 64, 64),
+    "GQA, E narrower than V": (2, 4, 2, 21, 21, 32, 32, 16),
+    "decode: one query against a cache": (1, 4, 2, 1, 37, 16, 16, 16),
+    "prefill after a cache (lower-right causal)": (1, 2, 1, 19, 50, 16, 16, 8),
+    "odd head dims, E wider than V": (1, 3, 1, 17, 17, 24, 20, 40),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+def test_fp32_matches_float64_autograd(shape):
+    _compare(shape)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 3e-3), (torch.bfloat16, 3e-2)])
+def test_half_precision_inputs_accumulate_in_fp32(dtype, tol):
+    _compare((1, 2, 1, 21, 30, 24, 24, 12), dtype=dtype, tol=tol)
+
+
+def test_dq_dk_carry_the_e_path():
+    """With a loss on A·E alone, dq and dk are the reference's (the official kernel returns 0)."""
+    ref = _compare((1, 2, 2, 20, 20, 16, 16, 16), only_e=True)
+    assert ref[0].grad.abs().max() > 1e-3 and ref[1].grad.abs().max() > 1e-3
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    nq=st.integers(1, 24), extra_keys=st.integers(0, 9), groups=st.sampled_from([1, 2]),
+    de=st.sampled_from([8, 16]), block=st.sampled_from([16, 32]), seed=st.integers(0, 99),
+)
+def test_random_shapes_match(nq, extra_keys, groups, de, block, seed):
+    _compare((1, 2 * groups, 2, nq, nq + extra_keys, 16, 16, de), block=block, seed=seed)
+
+
+def test_non_contiguous_layout_matches():
+    """q, k, v in the (B, N, H, d) projection layout, viewed as (B, H, N, d): strides are honoured."""
+    q, k, v, e = _inputs(1, 2, 2, 18, 18, 16, 16, 16)
+    views = [x.float().transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v, e)]
+    assert not views[0].is_contiguous()
+    o, oe, _ = attention_forward(*views, block=16)
+    r_o, r_oe, _ = reference(q, k, v, e)
+    torch.testing.assert_close(o.double(), r_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(oe.double(), r_oe, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(nq=9, nk=8), "lower-right causal"),
+    (dict(d=160), "at most 128"),
+    (dict(h=3), "not a multiple"),
+])
+def test_bad_input_is_refused(bad, message):
+    shape = dict(b=1, h=2, hkv=2, nq=4, nk=8, d=16, dv=16, de=16) | bad
+    with pytest.raises(ValueError, match=message):
+        check_inputs(*[x.float() for x in _inputs(**shape)])
