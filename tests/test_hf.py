@@ -85,7 +85,9 @@ def test_from_pretrained_on_a_plain_llama_dir_equals_the_llama(case, tmp_path):
     assert any(".pe." in k for k in info["missing_keys"])  # TAPE's maps were not in the checkpoint
     model.eval()
     with torch.no_grad():
-        assert torch.equal(model(ids).logits, plain(ids).logits)
+        # equal up to float rounding (E and the rotation run in float32 on their own path);
+        # TAPE's maps left random would differ by orders of magnitude more
+        torch.testing.assert_close(model(ids).logits, plain(ids).logits, atol=1e-5, rtol=0)
         for layer in model.model.layers[:-1]:
             assert not layer.pe.post_attn.weight.any() and not layer.pe.w1.weight.any()
             assert layer.pe.x_proj.weight.std() > 0.01  # the gate is drawn, as in add_tape
