@@ -139,6 +139,9 @@ def test_c1_factorial_arms_are_told_apart_by_abacus_and_paired(tmp_path: Path) -
     assert all(r["n paired seeds"] == "8" for r in every.values())
     assert every["TAPE - RoPE"]["effect Δ [95 % CI]"].startswith("Δ +0.07 [")  # the runs without Abacus
     assert every["NoPE + Abacus - RoPE"]["effect Δ [95 % CI]"].startswith("Δ +21.00 [")  # the confound
+    with open(out / "tables" / "addition_cpu.csv", newline="") as f:  # C1's runs stay out of it
+        addition = {r["PE"]: r for r in csv.DictReader(f)}
+    assert addition["RoPE"]["seeds"] == "1" and addition["TAPE"]["seeds"] == "0"
 
 
 def test_secondary_comparisons_listed(rendered: Path) -> None:
