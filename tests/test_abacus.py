@@ -151,6 +151,10 @@ def test_abacus_is_paired_and_changes_the_function() -> None:
     with torch.no_grad():
         assert not torch.allclose(on(ids).logits, off(ids).logits)
         assert torch.equal(on(ids[:, 2:3]).logits, off(ids[:, 2:3]).logits)  # '+' alone: no digit
+    tape = DecoderLM(small("tape"))
+    pair_initial_weights(tape, 7)
+    with torch.no_grad():  # TAPE + Abacus starts as RoPE + Abacus: the pair differs in the PE alone
+        assert torch.allclose(tape.eval()(ids).logits, on(ids).logits, atol=1e-5)
 
 
 def test_config_errors_name_the_key() -> None:
@@ -194,3 +198,20 @@ def test_smoke_run_tape_with_abacus(make_cfg) -> None:
     assert config["model"]["abacus"] is True and config["model"]["abacus_max_offset"] == 4
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["state_dict"]["model.abacus.table.weight"].shape == (16, cfg.model.d_model)
+
+
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "paper"])
+def test_c1_presets_fit_their_index_table(scale: str) -> None:
+    from conftest import compose_config
+    from pipelines.tasks.addition import validate
+
+    cfg = compose_config("config", [f"experiment=addition_c1/{scale}", "logger=none", "model.abacus=true"])
+    validate(cfg)  # training answers + offset and test answers fit model.abacus_max_index
+    t, m = cfg.task, cfg.model
+    assert cfg.experiment_name == f"addition_c1/{scale}" and m.abacus_max_offset > 0
+    # the offset lets training answers reach every index the test answers use
+    assert t.max_digits + 1 + m.abacus_max_offset >= t.eval_max_digits + 1
+    if scale == "cpu":  # the sizing: 4 layers, d_model 128, 3000 steps, <= 5 / 10 x 10
+        assert (cfg.model.n_layers, cfg.model.d_model, cfg.trainer.max_steps) == (4, 128, 3000)
+        assert (t.max_digits, t.eval_max_digits, t.examples_per_cell) == (5, 10, 100)
+        assert cfg.model.abacus_max_offset == 10
