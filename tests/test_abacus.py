@@ -168,8 +168,12 @@ def test_config_errors_name_the_key() -> None:
         ModelConfig(vocab_size=10, n_layers=1, d_model=16, n_heads=2, abacus=True)
     ModelConfig(vocab_size=10, n_layers=1, d_model=16, n_heads=2, abacus=False)  # off: not checked
     model = DecoderLM(small(abacus_max_index=4, abacus_max_offset=0)).eval()
-    with pytest.raises(ValueError, match="Abacus index 5 .* abacus_max_index=4; set model.abacus_max_index>=5"):
+    with pytest.raises(ValueError, match=r"Abacus index 5 \(a run of 5 digits\) exceeds abacus_max_index=4; set model.abacus_max_index>=5"):
         model(torch.tensor([encode("12345+1=")]))
+    model = DecoderLM(small(abacus_max_index=6, abacus_max_offset=5)).train()
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=r"a digit run plus a training offset of up to 5\) exceeds abacus_max_index=6"):
+        model(torch.tensor([encode("12345+1=")] * 50))
 
 
 def test_task_refuses_digits_beyond_the_index_table(make_cfg) -> None:

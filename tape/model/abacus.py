@@ -64,12 +64,11 @@ class AbacusEmbedding(nn.Module):
     def forward(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
         """(B, N, d_model) to add to the token embeddings."""
         idx = self.indices(input_ids, cache)
-        top = int(idx.max()) if idx.numel() else 0
+        top = int(idx.max()) if idx.numel() else 0  # a clear error, not an index fault (one sync)
         if top > self.max_index:
-            raise ValueError(
-                f"Abacus index {top} needed (a run of {top} digits"
-                + (f" incl. a training offset of up to {self.max_offset}" if self.training else "")
-                + f") exceeds abacus_max_index={self.max_index}; set model.abacus_max_index>={top}"
-            )
+            why = (f"a digit run plus a training offset of up to {self.max_offset}" if self.training
+                   else f"a run of {top} digits")
+            raise ValueError(f"Abacus index {top} ({why}) exceeds abacus_max_index={self.max_index}; "
+                             f"set model.abacus_max_index>={top}")
         rows = self.table(idx.clamp(min=1) - 1)  # (B, N, C)
         return rows * (idx > 0).unsqueeze(-1).to(rows.dtype)
