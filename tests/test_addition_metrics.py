@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from tape.data.addition import EOS, PAD, decode, encode
+from tape.data.addition import EOS, PAD, cell_examples, decode, encode
 from tape.metrics.arithmetic import (
-    Cell, evaluate_grid, exact_match, merge_grids, read_grid_csv, summarize, write_grid_csv,
+    Cell, digits_right, evaluate_grid, exact_match, merge_grids, read_grid_csv, summarize,
+    write_grid_csv,
 )
 from tape.report.heatmap import plot_heatmap
 
@@ -63,6 +64,35 @@ def test_oracle_scores_100_and_a_model_wrong_out_of_distribution_splits_the_mean
     assert m["n_cells"] == 16 and m["n_examples"] == 48
 
 
+def test_digits_right_counts_answer_digits_at_their_place() -> None:
+    gold = [[5, 6, 7, EOS], [5, 6, 7, EOS], [5, 6, 7, EOS], [5, EOS]]
+    generated = torch.tensor([
+        [5, 6, 7, EOS, 9],  # all 3
+        [5, 9, 7, EOS, 9],  # a wrong middle digit: 2 of 3
+        [5, EOS, 6, 7, 9],  # stops early: what follows the EOS is PAD, 1 of 3
+        [4, 6, 6, 6, 6],    # 0 of 1
+    ])
+    assert digits_right(generated, gold) == [3, 2, 1, 0]
+
+
+def test_oracle_wrong_in_one_digit_keeps_most_digit_accuracy() -> None:
+    cells = evaluate_grid(Oracle(wrong_above=2), max_digits=4, examples_per_cell=3, seed=0)
+    m = summarize(cells, train_digits=2)
+    assert m["in_distribution_digit_accuracy"] == 100.0
+    # the 8 cells with len_a in {3, 4}: every answer misses its units digit alone
+    expected = []
+    for c in cells:
+        if c.len_a <= 2 and c.len_b <= 2:
+            continue
+        lengths = [len(str(ex.a + ex.b)) for ex in cell_examples(0, c.len_a, c.len_b, 3)]
+        right = sum(n - 1 for n in lengths) if c.len_a > 2 else sum(lengths)
+        assert (c.digits, c.digits_correct) == (sum(lengths), right)
+        expected.append(100.0 * right / sum(lengths))
+    assert m["ood_digit_accuracy"] == pytest.approx(sum(expected) / len(expected))
+    assert m["ood_accuracy"] < m["ood_digit_accuracy"] < 100.0
+    assert "ood_digit_accuracy" not in summarize([Cell(1, 1, 1, 1)], 1)  # old grids: no digits
+
+
 def test_summarize_is_a_mean_over_cells_not_examples() -> None:
     cells = [Cell(1, 1, 10, 10), Cell(1, 2, 100, 0)]
     m = summarize(cells, train_digits=1)
@@ -81,6 +111,13 @@ def test_grid_csv_roundtrip_never_overwrites_and_merges(tmp_path: Path) -> None:
     assert merge_grids(cells[1:], cells[:1]) == cells
     with pytest.raises(ValueError, match="two grids"):
         merge_grids(cells, cells[:1])
+    with_digits = [Cell(1, 1, 4, 3, 8, 7), Cell(1, 2, 4, 0, 8, 2)]
+    write_grid_csv(with_digits, tmp_path / "digits.csv")
+    assert read_grid_csv(tmp_path / "digits.csv") == with_digits
+    assert (tmp_path / "digits.csv").read_text().splitlines()[0] == "len_a,len_b,n,correct,digits,digits_correct"
+    (tmp_path / "bad.csv").write_text("len_a,len_b,n,correct,digits\n1,1,1,1,1\n")
+    with pytest.raises(ValueError, match="expected columns"):
+        read_grid_csv(tmp_path / "bad.csv")
 
 
 def _png_size(path: Path) -> tuple[int, int]:

@@ -86,23 +86,62 @@ def test_claim_rows_from_runs(rendered: Path) -> None:
     assert c2["n paired seeds"] == "6" and c2["verdict"].startswith("**equivalent**")
     c1 = claims["C1"]  # no addition runs at all
     assert c1["n paired seeds"] == "0" and c1["effect Δ [95 % CI]"] == "not run"
-    assert "python -m pipelines.train -m experiment=addition/cpu" in c1["verdict"]
+    assert "python -m pipelines.train -m experiment=addition_c1/cpu" in c1["verdict"]
     assert "lack" not in c1["verdict"]
     assert claims["C4"]["effect Δ [95 % CI]"] == "not run"  # no row-sum runs
+
+
+def c1_config(pe: dict, abacus: bool, paired: bool = True) -> dict:
+    return {**config("addition", pe, paired), "model": {"abacus": abacus, "abacus_max_offset": 10}}
 
 
 def test_unpaired_runs_are_named_but_never_paired(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     for seed in range(6):
         for pe, cfg_pe in (("rope", {"name": "rope"}), ("tape", TAPE_PE)):
-            make_run(runs, "addition/cpu", pe, seed, f"20261120-10000{seed}-dddddd-0",
+            make_run(runs, "addition_c1/cpu", pe, seed, f"20261120-10000{seed}-dddddd-0",
                      {"task": "addition", "ood_accuracy": 5.0 + seed},
-                     config("addition", cfg_pe, paired=False))
+                     c1_config(cfg_pe, abacus=True, paired=False))
     out = tmp_path / "results"
     render(runs, out)
     c1 = rows(out / "tables" / "claims.csv")["C1"]
     assert c1["n paired seeds"] == "0" and c1["effect Δ [95 % CI]"] == "not run"
     assert "12 finished run(s) of these arms lack paired_init=True" in c1["verdict"]
+
+
+def test_c1_factorial_arms_are_told_apart_by_abacus_and_paired(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    ood = {  # (pe, abacus) -> OOD exact match of seed s
+        ("rope", True): lambda s: 15.0 + s, ("tape", True): lambda s: 20.0 + s + 0.1 * (s % 3),
+        ("rope", False): lambda s: 0.5, ("tape", False): lambda s: 0.5 + 0.02 * s,
+        ("nope", True): lambda s: 18.0 + s,
+    }
+    for seed in range(8):
+        for j, ((pe, abacus), value) in enumerate(ood.items()):
+            cfg_pe = TAPE_PE if pe == "tape" else {"name": pe}
+            make_run(runs, "addition_c1/cpu", pe, seed, f"20261123-10000{seed}-eeeeee-{j}",
+                     {"task": "addition", "ood_accuracy": value(seed), "ood_digit_accuracy": 60.0},
+                     c1_config(cfg_pe, abacus))
+    # the plain addition experiment's runs (no model.abacus key) never enter C1's arms
+    make_run(runs, "addition/cpu", "rope", 0, "20261123-100000-ffffff-0",
+             {"task": "addition", "ood_accuracy": 99.0}, config("addition", {"name": "rope"}))
+    out = tmp_path / "results"
+    render(runs, out)
+    c1 = rows(out / "tables" / "claims.csv")["C1"]
+    assert c1["comparison (Δ = first - second)"] == "TAPE + Abacus - RoPE + Abacus"
+    assert c1["n paired seeds"] == "8" and c1["effect Δ [95 % CI]"].startswith("Δ +5.09 [")
+    assert c1["verdict"].startswith("**better**")
+    with open(out / "tables" / "claims_all.csv", newline="") as f:
+        every = {r["comparison (Δ = first - second)"]: r for r in csv.DictReader(f)
+                 if r["our experiment and metric"].startswith("addition_c1/cpu")}
+    assert set(every) == {"TAPE + Abacus - RoPE + Abacus", "TAPE - RoPE", "TAPE + Abacus - NoPE + Abacus",
+                          "NoPE + Abacus - RoPE"}
+    assert all(r["n paired seeds"] == "8" for r in every.values())
+    assert every["TAPE - RoPE"]["effect Δ [95 % CI]"].startswith("Δ +0.07 [")  # the runs without Abacus
+    assert every["NoPE + Abacus - RoPE"]["effect Δ [95 % CI]"].startswith("Δ +21.00 [")  # the confound
+    with open(out / "tables" / "addition_cpu.csv", newline="") as f:  # C1's runs stay out of it
+        addition = {r["PE"]: r for r in csv.DictReader(f)}
+    assert addition["RoPE"]["seeds"] == "1" and addition["TAPE"]["seeds"] == "0"
 
 
 def test_secondary_comparisons_listed(rendered: Path) -> None:

@@ -33,11 +33,11 @@ def test_wandb_run_holds_the_full_config_the_grid_table_and_the_heatmap(make_cfg
     assert run.group == "addition/smoke" and run.name == "rope-seed0"
 
     grid = run.table("eval/grid")
-    assert grid["columns"] == ["len_a", "len_b", "n", "correct", "accuracy"]
+    assert grid["columns"] == ["len_a", "len_b", "n", "correct", "digits", "digits_correct", "accuracy"]
     saved = wandb_log.read_csv_rows(Path(cfg.paths.output_dir) / "grid.csv")
-    assert [row[:4] for row in grid["data"]] == [list(r.values()) for r in saved]  # 36 cells
+    assert [row[:6] for row in grid["data"]] == [list(r.values()) for r in saved]  # 36 cells
     assert len(grid["data"]) == 36
-    assert all(row[4] == pytest.approx(100 * row[3] / row[2]) for row in grid["data"])
+    assert all(row[6] == pytest.approx(100 * row[3] / row[2]) for row in grid["data"])
     assert run.image("eval/heatmap").read_bytes()[:4] == b"\x89PNG"
     metrics = json.loads((Path(cfg.paths.output_dir) / "metrics.json").read_text())
     assert run.summary["eval/mean_accuracy"] == pytest.approx(metrics["mean_accuracy"])

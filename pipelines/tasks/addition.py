@@ -43,6 +43,23 @@ def validate(cfg: DictConfig) -> None:
             f"({AdditionDataModule.vocab_size}); leave it at ${{task.vocab_size}}"
         )
     check_position_range(mc, *positions_needed(t))
+    check_abacus_range(mc, int(t.max_digits), "task.max_digits", training=True)
+    check_abacus_range(mc, int(t.eval_max_digits), "task.eval_max_digits", training=False)
+
+
+def check_abacus_range(mc: Any, max_digits: int, key: str, training: bool) -> None:
+    """Refuse digit runs (an answer has up to max_digits + 1 digits, plus the random offset in
+    training) that need Abacus indices beyond model.abacus_max_index."""
+    if not getattr(mc, "abacus", False):
+        return
+    need = max_digits + 1 + (mc.abacus_max_offset if training else 0)
+    if need > mc.abacus_max_index:
+        offset = f" + model.abacus_max_offset={mc.abacus_max_offset}" if training else ""
+        raise PipelineConfigError(
+            f"{key}={max_digits} gives answers of {max_digits + 1} digits{offset}: Abacus index "
+            f"{need} > model.abacus_max_index={mc.abacus_max_index}; set "
+            f"model.abacus_max_index>={need} (or shorten {key})"
+        )
 
 
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
@@ -66,12 +83,14 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
     from tape.metrics.arithmetic import evaluate_grid, summarize, write_grid_csv
     from tape.report.heatmap import plot_heatmap
 
+    mc = getattr(model, "cfg", None)  # our DecoderLM: refuse a grid its Abacus table cannot index
+    check_abacus_range(mc, int(task_cfg.eval_max_digits), "task.eval_max_digits", training=False)
     t0 = time.perf_counter()
     cells = evaluate_grid(
         model, task_cfg.eval_max_digits, task_cfg.examples_per_cell, task_cfg.eval_seed,
         batch_size=task_cfg.eval_batch_size,
     )
-    metrics = summarize(cells, task_cfg.max_digits)
+    metrics = summarize(cells, task_cfg.max_digits)  # OOD exact match and OOD digit accuracy
     write_grid_csv(cells, out_dir / "grid.csv")
     plot_heatmap(cells, task_cfg.max_digits, f"{title}: mean {metrics['mean_accuracy']:.2f}%",
                  out_dir / "heatmap.png")

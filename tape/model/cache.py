@@ -30,6 +30,7 @@ class KVCache:
     layers: list[LayerCache | None] = field(default_factory=list)
     key_pos: Tensor | None = None  # (B, T) int64
     key_valid: Tensor | None = None  # (B, T) bool, False for padding
+    digit_run: Tensor | None = None  # (B,) Abacus: digits that end the cached tokens (abacus.py)
 
     def __post_init__(self) -> None:
         if not self.layers:

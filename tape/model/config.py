@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 
+ADDITION_DIGIT_IDS = tuple(range(4, 14))  # '0'..'9' in tape/data/addition.py's VOCAB
+
+
 class ConfigError(ValueError):
     """A ModelConfig field has a value that cannot work; the message names the field and the fix."""
 
@@ -80,6 +83,17 @@ class ModelConfig:
     one SDPA call with [V | E], q and k as they are / zero-padded to its width. None (auto): the
     fastest exact path per device and length (tape/model/attention.py). All are exact."""
 
+    # --- Abacus-style digit index embeddings (McLeish et al. 2024; tape/model/abacus.py) ---
+    abacus: bool = False
+    """Add a learned embedding of each digit's index inside its number (1 = the first digit
+    written, the units digit in the reversed addition data) to its token embedding."""
+    abacus_max_offset: int = 10
+    """Training shifts each example's digit indices by a random k in [0, this]; 0 at evaluation."""
+    abacus_max_index: int = 32
+    """Rows of the index table: the largest index a digit may get (run length + offset)."""
+    abacus_digit_ids: list[int] | None = None
+    """Token ids that are digits; None means the addition vocabulary's '0'..'9' (ids 4..13)."""
+
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form metadata carried with checkpoints (ignored by the model)."""
 
@@ -102,6 +116,11 @@ class ModelConfig:
     @property
     def tape_width(self) -> int:
         return self.tape_position_size or 4 * self.n_heads
+
+    @property
+    def digit_token_ids(self) -> list[int]:
+        """The token ids Abacus treats as digits."""
+        return list(self.abacus_digit_ids) if self.abacus_digit_ids is not None else list(ADDITION_DIGIT_IDS)
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
@@ -162,8 +181,35 @@ class ModelConfig:
                 f"randpe_max_position={self.randpe_max_position} is below "
                 f"max_seq_len={self.max_seq_len}; RandPE samples positions from a larger range"
             )
+        problems += self._abacus_problems()
         if problems:
             raise ConfigError("invalid ModelConfig:\n  - " + "\n  - ".join(problems))
+
+    def _abacus_problems(self) -> list[str]:
+        if not self.abacus:
+            return []
+        problems = []
+        if self.abacus_max_index < 1:
+            problems.append(f"abacus_max_index={self.abacus_max_index} must be >= 1 (the index "
+                            "table needs a row for the first digit)")
+        if self.abacus_max_offset < 0:
+            problems.append(f"abacus_max_offset={self.abacus_max_offset} must be >= 0 (0 = no "
+                            "random offset in training)")
+        elif self.abacus_max_offset >= self.abacus_max_index:
+            problems.append(
+                f"abacus_max_offset={self.abacus_max_offset} leaves no room in "
+                f"abacus_max_index={self.abacus_max_index}: a one-digit number already needs index "
+                f"{self.abacus_max_offset + 1}; raise abacus_max_index or lower abacus_max_offset"
+            )
+        digits = self.digit_token_ids
+        bad = [i for i in digits if not 0 <= int(i) < self.vocab_size]
+        if not digits or bad:
+            problems.append(
+                f"abacus_digit_ids={self.abacus_digit_ids} must be a non-empty list of token ids "
+                f"in [0, vocab_size={self.vocab_size}); out of range: {bad}"
+                + (" (the default is the addition vocabulary's digits 4..13)" if self.abacus_digit_ids is None else "")
+            )
+        return problems
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 import tape.pe as pe_registry
+from tape.model.abacus import AbacusEmbedding
 from tape.model.attention import attend, causal_mask
 from tape.model.cache import KVCache
 from tape.model.config import ModelConfig
@@ -190,6 +191,8 @@ class DecoderLM(nn.Module):
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        # built last, so the other weights drawn from one seed do not depend on it
+        self.abacus = AbacusEmbedding(cfg) if cfg.abacus else None
 
     def reset_parameters(self) -> None:
         """Linear and embedding weights ~ N(0, init_std), norms at 1, then each PE's own init
@@ -219,6 +222,8 @@ class DecoderLM(nn.Module):
         )
         position_ids, key_pos, mask = prepare_positions(input_ids, position_ids, attention_mask, cache)
         x = self.embed(input_ids)  # (B, N, C)
+        if self.abacus is not None:
+            x = x + self.abacus(input_ids, cache)  # digit index embeddings
         state = self.pe.make_state(position_ids, key_pos, x.dtype)
         recompute = self.cfg.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for idx, block in enumerate(self.layers):
