@@ -60,6 +60,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
         check_run_dir_new(run_dir)  # fails fast; the claim below is what makes it this run's
     task = get_task(cfg.task.name)
     if hasattr(task, "run"):  # a multi-stage task (context extension) runs its own fits
+        check_accelerator(cfg.trainer)
+        quiet_known_noise()
         return task.run(cfg)
     check_trainer(cfg)
     if hasattr(task, "prepare"):  # e.g. fine-tuning adopts its pretrained run's model config

@@ -395,3 +395,13 @@ def test_evaluation_stage_uses_the_passkey_and_perplexity_tasks_protocols():
     python = passkey_accuracy(model, char_encode, n_garbage, 3, 0, draws="python")
     assert keys[0]["target_tokens"] == 400 and keys[0]["method"] == "base"
     assert keys[0]["mean_tokens"] == official["mean_tokens"] != python["mean_tokens"]
+
+
+def test_gpu_trainer_without_a_gpu_fails_before_the_run_dir_is_claimed(tmp_path, data_dir):
+    """Context extension goes through pipelines.train's accelerator check before its first stage."""
+    from pipelines.train import train
+
+    cfg = extend_cfg(tmp_path, data_dir, "trainer=gpu")
+    with pytest.raises(PipelineConfigError, match="trainer.accelerator=gpu .* no usable CUDA GPU"):
+        train(cfg)
+    assert not Path(cfg.paths.output_dir).exists() and not (tmp_path / "models").exists()

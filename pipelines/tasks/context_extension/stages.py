@@ -36,6 +36,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from pipelines.callbacks import OneLineModelSummary
 from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
 from pipelines.utils import PipelineConfigError, is_rank_zero
 from tape.data.passkey import garbage_for_tokens
@@ -107,7 +108,7 @@ def make_trainer(cfg: DictConfig, section: DictConfig, work: Path, loggers: list
         accumulate_grad_batches=int(section.grad_accum), gradient_clip_val=section.grad_clip or None,
         log_every_n_steps=int(section.log_every), val_check_interval=None, check_val_every_n_epoch=None,
         limit_val_batches=0, num_sanity_val_steps=0, enable_progress_bar=False,
-        logger=loggers or False, callbacks=[checkpoint])
+        logger=loggers or False, callbacks=[checkpoint, OneLineModelSummary()])
 
 
 def trained_model(trainer: L.Trainer, module: HFCausalLMModule, build: Callable[[], nn.Module],
