@@ -91,8 +91,13 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
     assert "base_passkey_at_context" in metrics and isinstance(metrics["base_retrieves"], bool)
     assert metrics["base_steps"] == cfg.base.steps and "base_loss_passkey" in metrics
 
-    again = extend(extend_cfg(tmp_path, data_dir, name="again"))  # same settings: nothing trains
+    again = extend(extend_cfg(tmp_path, data_dir, "logger=csv", name="again"))  # same settings: nothing trains
     assert again["base_reused"] and all(again[f"{r}_reused"] for r in NAMED)
+    # ... and its loggers still get every stage's training curve, replayed from the saved models
+    logged = _read_csv(tmp_path / "runs" / "again" / "csv" / "metrics.csv")
+    for stage, steps in (("base", cfg.base.steps), *((r, cfg.extend.steps) for r in NAMED)):
+        points = [(int(r["step"]), float(r[f"{stage}/loss"])) for r in logged if r.get(f"{stage}/loss")]
+        assert points and points[-1][0] == steps and all(v > 0 for _, v in points), stage
     assert again["time_base_train_s"] == 0.0
     for k, v in metrics.items():  # the reused models evaluate to the same numbers
         if k.startswith(("ppl_", "passkey_")):

@@ -43,6 +43,8 @@ class HFCausalLMModule(L.LightningModule):
         self.save_hyperparameters(ignore=["model"])
         self.model = model
         self.start_step = 0  # the step this fit started at (> 0 when resumed from a checkpoint)
+        self.history: list[dict[str, float]] = []  # the logged points {step, loss..., lr}: kept with
+        # the saved model, so a later run that reuses it can show the training curves too
 
     def on_train_start(self) -> None:
         self.start_step = self.trainer.global_step
@@ -70,6 +72,7 @@ class HFCausalLMModule(L.LightningModule):
             values = {k.split("/", 1)[1]: float(v) for k, v in self.trainer.callback_metrics.items()
                       if k.startswith(f"{hp.stage}/")}
             lr = self.trainer.optimizers[0].param_groups[0]["lr"]
+            self.history.append({"step": step, **values, "lr": lr})
             log.info("%s step %d: %s lr=%.3g", hp.stage, step,
                      " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items())), lr)
 

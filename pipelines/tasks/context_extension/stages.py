@@ -89,11 +89,18 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
-def _reuse(path: Path, cfg: DictConfig) -> dict[str, Any] | None:
-    if cfg.reuse_models and is_saved_model(path):
-        log.info("reusing %s", path)
-        return {**json.loads((path / "stage.json").read_text()), "reused": True}
-    return None
+def _reuse(path: Path, cfg: DictConfig, name: str, loggers: list[Any]) -> dict[str, Any] | None:
+    """The stage info of an identical stage trained earlier, its training curves replayed to
+    this run's loggers (so a run that reuses models still shows them); None = train it."""
+    if not (cfg.reuse_models and is_saved_model(path)):
+        return None
+    log.info("reusing %s", path)
+    info = json.loads((path / "stage.json").read_text())
+    for point in info.get("history", []):
+        values = {f"{name}/{k}": v for k, v in point.items() if k != "step"}
+        for lg in loggers:
+            lg.log_metrics(values, step=int(point["step"]))
+    return {**info, "reused": True}
 
 
 # ---------------------------------------------------------------------------- training
@@ -167,7 +174,8 @@ def train_stage(cfg: DictConfig, name: str, build: Callable[[], nn.Module], sect
     stats.update(steps=trainer.global_step, train_time_s=elapsed,
                  steps_per_s=(trainer.global_step - start) / max(elapsed, 1e-9))
     info = {**meta, "train": stats, "trainable_params": trainable, "n_params": n_params, "stage_time_s": elapsed,
-            "resumed_from": str(resume) if resume else None, "world_size": trainer.world_size, "reused": False}
+            "resumed_from": str(resume) if resume else None, "world_size": trainer.world_size, "reused": False,
+            "history": module.history}
     full = trained_model(trainer, module, build, work)
     if full is not None:
         save_model(full, path, info, replace=not cfg.reuse_models)
@@ -198,7 +206,7 @@ def base_stage(cfg: DictConfig, data: ExtensionData, models_dir: Path,
                 "hardware": _hardware(cfg)}
     key = settings_key(settings)
     path = models_dir / f"base-{key}"
-    if (info := _reuse(path, cfg)) is not None:
+    if (info := _reuse(path, cfg, "base", loggers)) is not None:
         return path, info
 
     def build() -> nn.Module:
@@ -230,7 +238,7 @@ def recipe_stage(cfg: DictConfig, name: str, base_path: Path, base_key: str, dat
                 "frozen_dtype": cfg.model.frozen_dtype, "hardware": _hardware(cfg)}
     key = settings_key(settings)
     path = models_dir / f"{name}-{key}"
-    if (info := _reuse(path, cfg)) is not None:
+    if (info := _reuse(path, cfg, name, loggers)) is not None:
         return path, info
     frozen = DTYPES[cfg.model.frozen_dtype]
 
