@@ -116,3 +116,23 @@ def test_bad_input_is_refused(bad, message):
     shape = dict(b=1, h=2, hkv=2, nq=4, nk=8, d=16, dv=16, de=16) | bad
     with pytest.raises(ValueError, match=message):
         check_inputs(*[x.float() for x in _inputs(**shape)])
+
+
+def test_gradients_of_sliced_and_expanded_inputs():
+    """q, k, v sliced from one projection and an expanded E (as layer 0's table): the backward
+    writes dense gradients, not through the inputs' strides (which crashed or raced before)."""
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(1, 2, 19, 3 * 8, generator=gen, dtype=torch.float64)
+    base = torch.randn(1, 1, 19, 8, generator=gen, dtype=torch.float64)
+    ours_qkv, ours_base = qkv.float().requires_grad_(), base.float().requires_grad_()
+    ref_qkv, ref_base = qkv.clone().requires_grad_(), base.clone().requires_grad_()
+    outs = []
+    for full, b, attend in ((ours_qkv, ours_base, lambda *t: fused_attention(*t, block=16)),
+                            (ref_qkv, ref_base, lambda *t: reference(*t)[:2])):
+        q, k, v = full.split(8, dim=-1)  # (1, 2, 19, 8) views with stride 24 along N
+        o, oe = attend(q, k, v, b.expand(1, 2, 19, 8))
+        (o.double().square().sum() + oe.double().sum()).backward()
+        outs.append((o, oe))
+    torch.testing.assert_close(outs[0][0].double(), outs[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours_qkv.grad.double(), ref_qkv.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ours_base.grad.double(), ref_base.grad, atol=1e-4, rtol=1e-4)

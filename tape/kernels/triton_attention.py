@@ -277,7 +277,9 @@ def attention_backward(
     do: Tensor, doe: Tensor, scale: float | None = None, block: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv, de) of ``attention_forward`` given dO (B, H, Nq, dv), dO_e (.., de)."""
-    q, k, v, e, do, doe = map(_unit_last, (q, k, v, e, do.to(v.dtype), doe.to(e.dtype)))
+    # Dense copies: the gradient buffers below are written through these strides, so a sliced
+    # or expanded input (layer 0's E is an expand) must not lend them its layout.
+    q, k, v, e, do, doe = (t.contiguous() for t in (q, k, v, e, do.to(v.dtype), doe.to(e.dtype)))
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
