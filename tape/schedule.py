@@ -42,7 +42,7 @@ def adamw_with_schedule(
     low = [n for n, p in trainable if p.dtype != torch.float32]
     if low:
         raise ValueError(f"trainable parameters must be float32 (low precision only through autocast, "
-                         f"trainer.precision); got {trainable[0][1].dtype} for {low[:3]}")
+                         f"trainer.precision); got {sorted({str(p.dtype) for n, p in trainable if n in low})} for {low[:3]}")
     decay = [p for _, p in trainable if p.ndim >= 2]
     no_decay = [p for _, p in trainable if p.ndim < 2]
     optimizer = torch.optim.AdamW(

@@ -12,7 +12,7 @@ import yaml
 
 from tape.report.claims import load_claims
 from tape.report.paired import (
-    MetricSpec, compare, decide, fisher_pvalue, hierarchical_bootstrap, holm, sign_flip_pvalue,
+    MetricSpec, compare, decide, fisher_pvalue, hierarchical_bootstrap, holm, mcnemar_pvalue, sign_flip_pvalue,
     successes, t_interval, wilson_interval,
 )
 
@@ -57,6 +57,11 @@ def test_wilson_by_hand() -> None:
     z2 = 1.959963984540054 ** 2
     low, high = wilson_interval(0, 6)
     assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(z2 / (6 + z2))
+
+
+def test_mcnemar_by_hand() -> None:
+    assert mcnemar_pvalue(5, 0) == pytest.approx(2 / 32) and mcnemar_pvalue(0, 0) == 1.0
+    assert mcnemar_pvalue(3, 1) == pytest.approx(10 / 16)  # 2 * P(X <= 1), X ~ Bin(4, 1/2)
 
 
 def test_fisher_by_hand() -> None:
@@ -121,6 +126,9 @@ def test_successes_counts_wilson_fisher_and_median() -> None:
     s = successes(seeds([0.1, 0.5, 30.0, 0.2]), seeds([20.0, 15.0, 25.0, 0.9]), spec)
     assert (s.k_treatment, s.n_treatment, s.k_baseline, s.n_baseline) == (3, 4, 1, 4)
     assert s.p_fisher == pytest.approx(fisher_pvalue(3, 4, 1, 4))
+    # paired seeds 0 and 1 succeed only with the treatment, 3 with both, 2 with neither: two
+    # discordant pairs, both one way: exact two-sided p = 2 / 2^2
+    assert s.p_mcnemar == pytest.approx(2 / 4) and "McNemar p = 0.5" in s.format()
     assert s.median_delta == pytest.approx(np.median([-19.9, -14.5, 5.0, -0.7]))
     assert "3/4" in s.format() and "1/4" in s.format()
 

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-# Vocabulary of the arithmetic repo (tape-spec D.1); spaces map to PAD there, unknown chars to UNK.
+# Vocabulary of the arithmetic repo (tape-spec D.1; there spaces map to PAD and unknown chars to UNK,
+# here ``encode`` refuses a character outside it).
 VOCAB: tuple[str, ...] = ("<pad>", "<unk>", "<bos>", "<eos>", *"0123456789", "+", "-", "x", "=")
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 TOKEN_ID: dict[str, int] = {s: i for i, s in enumerate(VOCAB)}
@@ -185,7 +186,7 @@ class AdditionStream(IterableDataset):
 # ---------------------------------------------------------------------------- asking a model
 PROMPT_CHARS = frozenset("0123456789+=")
 _SUM = re.compile(r"([0-9]+)\+([0-9]+)=")
-DIGIT_IDS = tuple(TOKEN_ID[d] for d in "0123456789")
+DIGIT_IDS = tuple(TOKEN_ID[d] for d in "0123456789")  # == tape.model.config.ADDITION_DIGIT_IDS (tested)
 
 
 def parse_sum(prompt: str) -> AdditionExample:

@@ -12,7 +12,7 @@ applied to extra value rows E. Backends (``attn_backend``):
 - ``eager``: A materialised once and multiplied by V and E (only when asked for).
 
 ``auto`` falls back in this order. A call without E (every PE but TAPE): flash, else sdpa.
-A TAPE call on CUDA: triton (unless ``tape_fused`` is False), else two equal-width calls with
+A TAPE call on CUDA: triton (when ``tape_fused`` is true or null), else two equal-width calls with
 flash-attn or under grouped-query attention (SDPA's fast kernels want V as wide as q/k there),
 else one SDPA ``concat`` call (its memory-efficient and cuDNN kernels take a wider value).
 A TAPE call on CPU: one SDPA call, ``concat`` up to ``CPU_CONCAT_MAX_KEYS`` keys, else ``padded``.

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 import tape.pe as pe_registry
 from tape.model.abacus import AbacusEmbedding
-from tape.model.attention import attend, causal_mask
+from tape.model.attention import Fuse, attend, causal_mask
 from tape.model.cache import KVCache
 from tape.model.config import ModelConfig
 from tape.model.generate import greedy_generate
@@ -87,7 +87,7 @@ def attention_forward(
     layer_idx: int,
     heads: tuple[int, int, int],
     backend: str = "auto",
-    fuse: bool | None = None,
+    fuse: Fuse = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Self-attention through the PE hooks for any module with q/k/v/o_proj (ours or HF Llama's).
     heads = (n_heads, n_kv_heads, head_dim). Returns (output (B, N, C), A·extra or None)."""

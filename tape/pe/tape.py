@@ -7,8 +7,8 @@ table; every layer
   2. aggregates E with the same attention weights as V (A·E), maps it over heads and adds it,
   3. mixes E over heads through a token-gated MLP: E += W2 · diag(SiLU(W_x m)) · W1 · E, where
      m is the layer's MLP output. Per token this is one He x He matrix M_n = W2 diag(g_n) W1
-     applied to E (He = E heads): 2·He²·d multiply-adds per token instead of 2·I·He·d, and no
-     (B, I, N, d) intermediates. ``_TokenMix`` forms M_n and recomputes it in backward.
+     applied to E (He = E heads): He²·(I + d) multiply-adds per token (forming M_n, applying it)
+     instead of 2·I·He·d, and no (B, I, N, d) intermediates. ``_TokenMix`` forms M_n and recomputes it in backward.
 Every update is real-linear in E with the same coefficients for c and s and never mixes
 frequencies, so multiplying all z_b by a common phase commutes with the layer: the token
 stream is exactly invariant to a global position shift.

@@ -90,8 +90,10 @@ def group_by(runs: Iterable[Run], key: Callable[[Run], str | None]) -> dict[str,
         for others in buckets:
             if others is not main:
                 diff = describe(differences(others[0].config(), main[0].config()))
-                groups[f"{name} [{diff}]"] = Group(finished=sorted(others, key=lambda r: r.seed),
-                                                   differs=diff)
+                label, n = f"{name} [{diff}]", 2
+                while label in groups:  # two set-apart settings that read alike stay two rows
+                    label, n = f"{name} [{diff}] ({n})", n + 1
+                groups[label] = Group(finished=sorted(others, key=lambda r: r.seed), differs=diff)
     return groups
 
 

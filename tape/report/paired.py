@@ -129,6 +129,13 @@ def fisher_pvalue(k1: int, n1: int, k2: int, n2: int) -> float:
     return float(stats.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue)
 
 
+def mcnemar_pvalue(only_treatment: int, only_baseline: int) -> float:
+    """Exact two-sided McNemar test on paired seeds: of the discordant pairs (one arm succeeded,
+    the other not), is the split unlike a fair coin's? 1.0 without discordant pairs."""
+    n = only_treatment + only_baseline
+    return 1.0 if n == 0 else float(stats.binomtest(only_treatment, n, 0.5).pvalue)
+
+
 def hierarchical_bootstrap(items: Sequence[np.ndarray], baseline: Sequence[np.ndarray] | None = None,
                            n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """(estimate, low, high): the mean over seeds of each seed's item mean (or, with
@@ -260,7 +267,8 @@ class Successes:
     n_treatment: int
     k_baseline: int
     n_baseline: int
-    p_fisher: float
+    p_fisher: float  # every seed of each arm, as independent samples
+    p_mcnemar: float  # the paired seeds only: the test that matches the paired design
     median_delta: float  # median of the paired Δ (NaN without paired seeds)
 
     def format(self) -> str:
@@ -268,14 +276,19 @@ class Successes:
             low, high = wilson_interval(k, n)
             return f"{k}/{n} [{low:.2f}, {high:.2f}]" if n else "0/0"
         return (f"{arm(self.k_treatment, self.n_treatment)} vs {arm(self.k_baseline, self.n_baseline)} "
-                f"seeds succeeded (Fisher p = {self.p_fisher:.3g}); median Δ {self.median_delta:+.2f}")
+                f"seeds succeeded (paired McNemar p = {self.p_mcnemar:.3g}, Fisher p = {self.p_fisher:.3g}); "
+                f"median Δ {self.median_delta:+.2f}")
 
 
 def successes(treatment: Mapping[int, float], baseline: Mapping[int, float], metric: MetricSpec) -> Successes:
-    """Seeds succeeded per arm (every seed of each arm), Fisher's test and the median paired Δ."""
+    """Seeds succeeded per arm (every seed of each arm) with Fisher's test, McNemar's test over
+    the paired seeds, and the median paired Δ."""
     kt = sum(metric.succeeded(v) for v in treatment.values())
     kb = sum(metric.succeeded(v) for v in baseline.values())
-    _, d = paired_deltas(treatment, baseline)
+    paired, d = paired_deltas(treatment, baseline)
+    won = [metric.succeeded(treatment[s]) for s in paired], [metric.succeeded(baseline[s]) for s in paired]
+    only_t = sum(t and not b for t, b in zip(*won))
+    only_b = sum(b and not t for t, b in zip(*won))
     return Successes(kt, len(treatment), kb, len(baseline),
-                     fisher_pvalue(kt, len(treatment), kb, len(baseline)),
+                     fisher_pvalue(kt, len(treatment), kb, len(baseline)), mcnemar_pvalue(only_t, only_b),
                      float(np.median(d)) if len(d) else math.nan)
