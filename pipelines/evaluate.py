@@ -92,7 +92,19 @@ def make_loggers(cfg: DictConfig, source: RunSource, out_dir: Path) -> list[Any]
         group = source.run_cfg.logger
     if group is None:
         group = OmegaConf.load(CONF_DIR / "logger" / "csv.yaml")
-    group = copy.deepcopy(OmegaConf.to_container(group, resolve=False) or {})
+    # The logger configs name the run (${experiment_name}, ${pe.name}, ${seed}, ...): resolve
+    # them against the evaluated run's labels, which the evaluation's own config lacks.
+    run = source.run_cfg
+    label = (lambda key, default: OmegaConf.select(run, key, default=default)) if run is not None \
+        else (lambda key, default: default)
+    root = OmegaConf.create({
+        "experiment_name": label("experiment_name", "evaluate"), "seed": label("seed", 0),
+        "scale": label("scale", "custom"), "pe": {"name": label("pe.name", "model")},
+        "task": {"name": str(cfg.task.get("name") or label("task.name", "evaluate"))},
+        "paths": {"output_dir": str(out_dir)},
+        "logger": OmegaConf.to_container(group, resolve=False) or {},
+    })
+    group = copy.deepcopy(OmegaConf.to_container(root.logger, resolve=True))
     for node in group.values():
         if node and "save_dir" in node:
             node["save_dir"] = str(out_dir)

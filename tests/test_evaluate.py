@@ -115,6 +115,17 @@ def test_reevaluation_prints_and_logs_its_metrics(randpe_addition: Path, capsys)
     assert metrics["device"] == "cpu"
 
 
+def test_reevaluation_logs_to_wandb_named_after_the_run(randpe_addition: Path) -> None:
+    """logger=wandb resolves the run's names (experiment, PE, seed) from the evaluated run."""
+    from pipelines.utils import close_loggers
+    from wandb_records import offline_runs
+
+    metrics = run_eval(randpe_addition, "task.examples_per_cell=1", "logger=wandb", name="wb")
+    close_loggers()
+    (run,) = offline_runs(randpe_addition / "eval" / "wb")
+    assert run.name == "randpe-seed0" and run.summary["eval/mean_accuracy"] == pytest.approx(metrics["mean_accuracy"])
+
+
 def test_the_gpu_is_used_when_there_is_one(randpe_addition: Path, monkeypatch) -> None:
     """The device decision with CUDA faked: the model is moved to cuda (the move is recorded, not
     made, so the evaluation still runs here on CPU tensors)."""
