@@ -4,9 +4,8 @@
 
 from __future__ import annotations
 
+import runpy
 import sys
-
-from pipelines import train
 
 
 def argv_with_experiment(argv: list[str]) -> list[str]:
@@ -18,4 +17,5 @@ def argv_with_experiment(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     sys.argv[1:] = argv_with_experiment(sys.argv[1:])
-    train.run_entry(train.main, sys.argv[1:])  # the same checks before Hydra writes as pipelines.train
+    # pipelines.train as the main module: its Hydra entry finds conf/ as it does when run itself
+    runpy.run_module("pipelines.train", run_name="__main__", alter_sys=True)

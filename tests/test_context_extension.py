@@ -373,6 +373,20 @@ def test_extend_alias_runs_the_cpu_preset_unless_told_otherwise():
         "experiment=context_extension/smoke", "threads=1"]
 
 
+def test_extend_alias_reaches_the_configs_and_their_checks(tmp_path):
+    """The command line itself: pipelines.extend composes conf/ and fails on a bad recipe with the
+    config error, before anything is written (it once failed to find conf/ at all)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.extend", "extend.recipes=[nope]", "logger=none",
+         f"paths.runs_dir={tmp_path / 'runs'}"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "extend.recipes lists nope" in done.stderr, done.stderr[-2000:]
+    assert "Primary config module" not in done.stderr and not list(tmp_path.rglob("command.txt"))
+
+
 def test_evaluation_stage_uses_the_passkey_and_perplexity_tasks_protocols():
     """Context extension evaluates through task=passkey / task=perplexity: official draws with
     BOS first (not the python draws, which give other prompts), LongLoRA's window starts."""
