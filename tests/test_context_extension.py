@@ -414,6 +414,19 @@ def test_evaluation_stage_uses_the_passkey_and_perplexity_tasks_protocols():
     python = passkey_accuracy(model, char_encode, n_garbage, 3, 0, draws="python")
     assert keys[0]["target_tokens"] == 400 and keys[0]["method"] == "base"
     assert keys[0]["mean_tokens"] == official["mean_tokens"] != python["mean_tokens"]
+    no_corpora = ExtensionData(encode=char_encode, pad_id=0, vocab_size=300, train_rows=None,
+                               eval_tokens={}, bos_id=1)
+    ppl, keys = evaluate_stage(cfg, "base", model, no_corpora)  # no data.eval_files: passkey only
+    assert ppl == [] and len(keys) == 1
+
+
+def test_bad_passkey_length_and_ckpt_path_fail_before_the_run_dir(tmp_path, data_dir):
+    cfg = extend_cfg(tmp_path, data_dir, "eval.passkey_lengths=[20]")
+    with pytest.raises(PipelineConfigError, match=r"eval\.passkey_lengths"):
+        extend(cfg)
+    assert not Path(cfg.paths.output_dir).exists()
+    with pytest.raises(PipelineConfigError, match="ckpt_path=last: context extension resumes by itself"):
+        extend(extend_cfg(tmp_path, data_dir, "ckpt_path=last"))
 
 
 def test_gpu_trainer_without_a_gpu_fails_before_the_run_dir_is_claimed(tmp_path, data_dir):

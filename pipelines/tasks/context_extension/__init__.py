@@ -30,7 +30,7 @@ from pipelines.tasks.context_extension.report import (
     PASSKEY_FIELDS, PPL_FIELDS, passkey_table, perplexity_table, plot_passkey, write_csv,
 )
 from pipelines.tasks.context_extension.stages import (
-    DTYPES, base_stage, evaluate_stage, passkey_sizes, recipe_spec, recipe_stage,
+    DTYPES, base_stage, evaluate_stage, passkey_check, recipe_spec, recipe_stage,
 )
 from pipelines import wandb_log
 from pipelines.utils import PipelineConfigError, claim_run_dir, is_rank_zero, write_json_once
@@ -91,6 +91,10 @@ def validate(cfg: DictConfig) -> None:
             if int(s[key]) < 1:
                 raise PipelineConfigError(f"{section}.{key}={s[key]} must be >= 1")
     _check_precision(cfg)
+    if cfg.get("ckpt_path"):
+        raise PipelineConfigError(
+            f"ckpt_path={cfg.ckpt_path}: context extension resumes by itself; rerun the same command "
+            "(a killed stage continues from its last checkpoint, finished stages are reused)")
     for n in cfg.eval.perplexity_lengths:
         if n < 2:
             raise PipelineConfigError(f"eval.perplexity_lengths: {n} < 2 tokens")
@@ -111,11 +115,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     hf_logging.disable_progress_bar()  # no "Loading weights" bar for every stage
     t_start = time.perf_counter()
     validate(cfg)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    t0 = time.perf_counter()
+    data = load_data(cfg)  # missing data fails here, before the run directory is claimed
+    passkey_check(cfg, data)  # so does a passkey length too short for any prompt
+    time_data = time.perf_counter() - t0
     run_dir = Path(cfg.paths.output_dir)
     if is_rank_zero():
         claim_run_dir(run_dir, cfg, "pipelines.train")
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
     models_dir = Path(cfg.models_dir)
     models_dir.mkdir(parents=True, exist_ok=True)
     metrics: dict[str, Any] = {"task": "context_extension", "scale": cfg.scale, "seed": cfg.seed,
@@ -123,10 +131,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                                "target_context": cfg.extend.context, "device": eval_device(cfg),
                                "precision": str(cfg.trainer.precision), "threads": torch.get_num_threads()}
     loggers = wandb_log.open_loggers(cfg)  # W&B gets the full resolved config
-    t0 = time.perf_counter()
-    data = load_data(cfg)
-    passkey_sizes(cfg, data)  # a passkey length too short for any prompt fails before training
-    metrics.update(describe(data), time_data_s=time.perf_counter() - t0)
+    metrics.update(describe(data), time_data_s=time_data)
 
     base_path, base = base_stage(cfg, data, models_dir, loggers)
     metrics.update(base_model=str(base_path), base_reused=bool(base.get("reused")),

@@ -264,9 +264,32 @@ def _garbage(data: ExtensionData, tokens: int, key: str) -> int:
         raise PipelineConfigError(f"{key}: {err}; raise {key}") from None
 
 
-def passkey_sizes(cfg: DictConfig, data: ExtensionData) -> dict[int, int]:
-    """Target prompt length (tokens) -> filler characters."""
-    return {int(n): _garbage(data, int(n), "eval.passkey_lengths") for n in cfg.eval.passkey_lengths}
+def passkey_check(cfg: DictConfig, data: ExtensionData) -> None:
+    """Fail before training when an evaluation passkey length cannot hold a prompt, with the
+    same settings (BOS, answer prefix) that the evaluation uses."""
+    from pipelines.tasks import passkey
+
+    key_cfg = passkey_task_config(cfg)
+    if key_cfg.get("lengths"):
+        try:
+            passkey.sizes(key_cfg, _tokenizer(data), data.bos_id is not None and bool(key_cfg.bos))
+        except PipelineConfigError as err:
+            raise PipelineConfigError(str(err).replace("task.lengths", "eval.passkey_lengths")) from None
+
+
+def passkey_task_config(cfg: DictConfig) -> DictConfig:
+    """task=passkey's settings from the ``eval`` section."""
+    e = cfg.eval
+    sizes = ({"filler_chars": list(e.passkey_filler_chars)} if e.get("passkey_filler_chars")
+             else {"lengths": list(e.passkey_lengths)})
+    return task_config("passkey", trials=e.passkey_trials, seed=e.passkey_seed, draws=e.passkey_draws,
+                       bos=e.passkey_bos, answer_prefix=e.passkey_answer_prefix, **sizes)
+
+
+def _tokenizer(data: ExtensionData) -> Any:
+    from tape.data.tokenizer import TextTokenizer
+
+    return TextTokenizer(data.encode, data.bos_id, "context extension")
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -275,22 +298,17 @@ def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module,
     """(perplexity rows, passkey rows) of one model, through the task=perplexity and
     task=passkey evaluations (the same code as ``pipelines.evaluate ... task=passkey``)."""
     from pipelines.tasks import passkey, perplexity
-    from tape.data.tokenizer import TextTokenizer
 
     e = cfg.eval
-    ppl_cfg = task_config("perplexity", lengths=list(e.perplexity_lengths), stride=e.stride,
-                          max_windows=e.max_windows, batch_size=e.batch_size)
-    ppl = [{"method": method, **r} for r in perplexity.rows(model, ppl_cfg, data.eval_tokens)]
+    ppl = []
+    if data.eval_tokens:  # no data.eval_files: passkey retrieval only
+        ppl_cfg = task_config("perplexity", lengths=list(e.perplexity_lengths), stride=e.stride,
+                              max_windows=e.max_windows, batch_size=e.batch_size)
+        ppl = [{"method": method, **r} for r in perplexity.rows(model, ppl_cfg, data.eval_tokens)]
     for r in ppl:
         log.info("%s %s L=%d ppl %.3f", method, r["corpus"], r["length"], r["perplexity"])
-    key_cfg = task_config(
-        "passkey", trials=e.passkey_trials, seed=e.passkey_seed, draws=e.passkey_draws,
-        bos=e.passkey_bos, answer_prefix=e.passkey_answer_prefix,
-        **({"filler_chars": list(e.passkey_filler_chars)} if e.get("passkey_filler_chars")
-           else {"lengths": list(e.passkey_lengths)}))
-    tok = TextTokenizer(data.encode, data.bos_id, "context extension")
     keys = []
-    for r in passkey.rows(model, key_cfg, tok):  # a filler size in characters is labelled by its longest prompt
+    for r in passkey.rows(model, passkey_task_config(cfg), _tokenizer(data)):  # a filler size in characters is labelled by its longest prompt
         keys.append({**r, "method": method, "target_tokens": r["target_tokens"] or r["max_tokens"]})
         log.info("%s passkey <=%d tokens: %.2f", method, keys[-1]["target_tokens"], r["accuracy"])
     return ppl, keys
