@@ -26,7 +26,6 @@ from torch import nn
 from pipelines.utils import PipelineConfigError
 from tape.model import ModelConfig
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
@@ -113,6 +112,7 @@ class RunSource:
         from transformers import AutoModelForCausalLM
 
         import tape.hf  # noqa: F401 - registers TAPE models with AutoModelForCausalLM
+        from tape.hf.io import DTYPES
 
         if dtype not in DTYPES:
             raise PipelineConfigError(f"dtype={dtype}: choose one of {list(DTYPES)}")
@@ -158,13 +158,13 @@ class RunSource:
             tokens = heldout_tokens(t)
             if tokens.max() > np.iinfo(np.uint16).max:
                 raise PipelineConfigError("the run's vocabulary does not fit uint16 token files; "
-                                          "pass task.corpora.<name>=<token file> and task.token_dtype")
+                                          "pass +task.corpora.<name>=<token file> and task.token_dtype")
             path = out_dir / "heldout.bin"
             tokens.astype(np.uint16).tofile(path)
             return {"heldout": str(path)}
         raise PipelineConfigError(
             f"task.corpora is not set and {self.run_dir} has no held-out text of its own; pass "
-            "task.corpora.<name>=<path to a uint16 token file> (LongLoRA's pg19/test.bin, or "
+            "+task.corpora.<name>=<path to a uint16 token file> (LongLoRA's pg19/test.bin, or "
             "np.array(ids, dtype=np.uint16).tofile(path))"
         )
 

@@ -68,6 +68,7 @@ TABLES: dict[str, tuple[str, Callable[[Path], list[Row]], Callable[[list[Row], D
     "grid.csv": ("eval/grid", read_csv_rows, _grid),
     "perplexity.csv": ("eval/perplexity", read_csv_rows, _perplexity),
     "passkey.csv": ("eval/passkey", read_csv_rows, lambda rows, cfg: rows),
+    "flipflop.csv": ("eval/flipflop", read_csv_rows, lambda rows, cfg: rows),
     "predictions_scored.jsonl": ("eval/predictions", read_jsonl_rows, _predictions),
 }
 

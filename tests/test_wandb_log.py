@@ -86,6 +86,7 @@ def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: P
     write_scored_predictions({"q1": "the king", "q2": "a queen"},
                              {"q1": ["the king", "a king"], "q2": ["the land"]}, "f1",
                              run_dir / "predictions_scored.jsonl")
+    (run_dir / "flipflop.csv").write_text("multiplier,sparsity,length,reads,errors,read_error\n2,sparse,128,50,3,6.0\n")
     cfg = make_cfg("experiment=pretrain/smoke", "logger=wandb")
     logger = WandbLogger(save_dir=str(run_dir), offline=True, project="tape-repro")
     wandb_log.log_results([logger], run_dir, cfg, step=3)
@@ -97,6 +98,7 @@ def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: P
     assert ppl["data"] == [["books", 1, 64, 91.5, 4.5, 8, 512], ["books", 2, 128, 97.25, 4.6, 4, 512]]
     key = run.table("eval/passkey")
     assert key["columns"] == PASSKEY_FIELDS and [r[-1] for r in key["data"]] == [1.0, 0.5]
+    assert run.table("eval/flipflop")["data"] == [[2, "sparse", 128, 50, 3, 6.0]]
     preds = run.table("eval/predictions")
     assert preds["columns"] == ["id", "prediction", "references", "score"]
     assert preds["data"] == [["q1", "the king", "the king\na king", 100.0], ["q2", "a queen", "the land", 0.0]]

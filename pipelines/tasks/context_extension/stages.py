@@ -40,11 +40,10 @@ from pipelines.callbacks import OneLineModelSummary
 from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
 from pipelines.utils import PipelineConfigError, is_rank_zero
 from tape.data.passkey import garbage_for_tokens
-from tape.hf.io import build_llama, is_saved_model, load_model, save_model
+from tape.hf.io import DTYPES, build_llama, is_saved_model, load_model, save_model
 from tape.lightning import HFCausalLMModule, IndexedBatchDataModule
 
 log = logging.getLogger("pipelines.context_extension")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # model.* keys that shape the base model (the shared model block of conf/config.yaml is ignored)
 LLAMA_KEYS = ("context", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
               "rope_theta")
