@@ -39,7 +39,6 @@ class MetricSpec:
     margin: float
     better: Direction
     label: str = ""
-    unit: str = ""
     success: float | None = None
 
     def __post_init__(self) -> None:
