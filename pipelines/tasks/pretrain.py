@@ -173,5 +173,21 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    metrics.update(_e_movement(model, tokens, int(task_cfg.seq_len)))
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
+
+
+def _e_movement(model: Any, tokens: Any, seq_len: int, blocks: int = 8) -> dict[str, float]:
+    """TAPE only: how far E moved from its RoPE table per layer on ``blocks`` held-out blocks of
+    the training length (tape/metrics/e_movement.py; claim C2 reports it)."""
+    import torch
+
+    from tape.metrics.e_movement import e_movement
+
+    data = np.asarray(tokens, dtype=np.int64)
+    n = min(blocks, len(data) // seq_len)
+    if n == 0 or not hasattr(model, "parameters"):
+        return {}
+    ids = torch.as_tensor(data[: n * seq_len].reshape(n, seq_len)).to(next(model.parameters()).device)
+    return e_movement(model, ids)
