@@ -1,12 +1,21 @@
-"""Run every experiment of the paper at one profile, then render results/:
-``python -m pipelines.reproduce --profile cpu`` (runs here, skipping finished runs) or
-``--profile paper`` (prints the Hydra multirun commands, renders whatever has finished).
+"""Run the experiments of one profile, then render results/: ``python -m pipelines.reproduce
+--profile P`` runs here, skipping finished runs (``paper`` only prints its Hydra multirun commands
+and renders whatever has finished). Profiles:
 
-Order: context extension (5 recipes; the longest single job, so it starts first), addition
-(5 PEs), pretraining (7 PEs), SCROLLS (from the pretraining runs; only the datasets whose data are
-present), efficiency benchmark. A run is finished when a run directory of its experiment / PE /
-seed holds metrics.json (see tape/report/runs.py), so an interrupted reproduction continues where
-it stopped. ``--dry-run`` shows the plan and runs nothing.
+- ``cpu``: the claims of conf/claims.yaml (issue 15: C1 arithmetic with and without Abacus, C2
+  language modelling and the ablation, C3 flip-flop retrieval, C4 the official row-sum post map),
+  each arm of a claim's primary comparison at CLAIM_SEEDS["cpu"][0] paired seeds, the other arms at
+  CLAIM_SEEDS["cpu"][1]; sized for about 2 hours on 2 cores with ``--jobs 2``. Primary arms run
+  first, seed by seed, so an interrupted reproduction leaves whole pairs.
+- ``tables``: the paper's tables at cpu scale, ``--seeds`` seeds: context extension (5 recipes;
+  the longest single job, so it starts first), addition (5 PEs), pretraining (7 PEs), SCROLLS
+  (from the pretraining runs; only the datasets whose data are present), efficiency benchmark.
+- ``cpu-full``: every claim arm at CLAIM_SEEDS["cpu-full"] seeds, then ``tables``.
+- ``paper``: the tables at paper scale (prints the commands).
+
+A run is finished when a run directory of its experiment / PE / seed (and, for a claim arm, with
+the arm's config values) holds metrics.json (see tape/report/runs.py), so an interrupted
+reproduction continues where it stopped. ``--dry-run`` shows the plan and runs nothing.
 
 ``--jobs N`` runs N runs at once, each with cpu_count // N torch threads and its output in
 ``<runs>/reproduce-logs/``: the small cpu-profile models use a second core poorly, so two
@@ -25,16 +34,20 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tape.data.scrolls import ScrollsDataError, local_files
+from tape.report.claims import ClaimsConfig, load_claims, lookup
 from tape.report.paper import ADDITION_PES, PRETRAIN_PES, SCROLLS_ORDER, SCROLLS_PES
 from tape.report.render import WouldLoseResults, render
 from tape.report.runs import Run, find_runs, latest_finished
 
-PROFILES = ("cpu", "paper")
+PROFILES = ("cpu", "tables", "cpu-full", "paper")
+# Paired seeds per claim arm: (arms of a primary comparison, every other arm). The cpu profile's
+# 6 is the fewest at which an exact sign-flip test can reach p < 0.05 (2 / 2**6 = 0.031).
+CLAIM_SEEDS: dict[str, tuple[int, int]] = {"cpu": (6, 3), "cpu-full": (8, 8)}
 WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
 # The paper profile needs inputs only the user has; the printed commands show where they go.
 PAPER_EXTEND_INPUTS = ("model.pretrained_path=/path/to/Llama-2-7b-hf",
@@ -58,6 +71,8 @@ class Step:
     wave: int = 0  # --jobs: a wave starts when every earlier wave has finished
     alone: bool = False  # --jobs: run with every core and nothing beside it (timings)
     single: bool = False  # one plain run per seed, no PE sweep (context extension: pe is llama)
+    match: Mapping[str, Any] = field(default_factory=dict)  # a claim arm: config values its runs have
+    tier: int = 0  # --jobs: inside a wave, lower tiers first; claim arms run seed by seed
 
     def experiments(self) -> list[str]:
         return [f"{self.experiment}/{d}" for d in self.datasets] if self.datasets else [self.experiment]
@@ -93,13 +108,62 @@ def scrolls_datasets(data_dir: Path | None) -> tuple[tuple[str, ...], str]:
 
 
 def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"),
-         scrolls_data: Path | None = Path("data/scrolls")) -> list[Step]:
-    """Every experiment at ``profile`` in the order it runs. The benchmark writes under
-    ``runs_dir/benchmark/<profile>`` like every other run (so a checkout's committed results/
-    never counts as done on a new machine); :func:`publish_benchmark` copies it into results/."""
+         scrolls_data: Path | None = Path("data/scrolls"), claims: ClaimsConfig | None = None) -> list[Step]:
+    """Every experiment at ``profile`` in the order it runs (see the module docstring)."""
     if profile not in PROFILES:
         raise ValueError(f"--profile {profile!r}: choose one of {PROFILES}")
+    if profile == "cpu":
+        return claim_steps(claims or load_claims(), *CLAIM_SEEDS["cpu"])
+    if profile == "cpu-full":
+        full = claim_steps(claims or load_claims(), *CLAIM_SEEDS["cpu-full"])
+        tables = [replace(s, wave=s.wave + 1) for s in table_steps("cpu", seeds, runs_dir, scrolls_data)]
+        return [*full, c5_step(), *tables]
+    return table_steps(profile, seeds, runs_dir, scrolls_data)
+
+
+def claim_steps(cfg: ClaimsConfig, primary_seeds: int, other_seeds: int) -> list[Step]:
+    """One step per (experiment, arm) of the claims: the arm's PE and config values as overrides,
+    ``primary_seeds`` seeds for an arm of some claim's primary comparison (tier 0), else
+    ``other_seeds`` (tier 1). An arm two claims share (pretrain/cpu TAPE: C2 and C4) runs once."""
+    steps: dict[tuple[str, str], Step] = {}
+    for claim in cfg.claims:
+        for name in dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair):
+            arm = cfg.arms[name]
+            tier = 0 if name in claim.primary else 1
+            key = (claim.experiment, name)
+            if key in steps:
+                old = steps[key]
+                ids, arm_name = old.name.split("-", 1)
+                steps[key] = replace(old, name=f"{ids}+{claim.id}-{arm_name}",
+                                     tier=min(old.tier, tier),
+                                     seeds=old.seeds if old.tier <= tier else tuple(range(primary_seeds)))
+                continue
+            steps[key] = Step(
+                name=f"{claim.id}-{name}", entry="pipelines.train", experiment=claim.experiment,
+                pes=(arm.pe,), seeds=tuple(range(primary_seeds if tier == 0 else other_seeds)),
+                overrides=tuple(f"{k}={_override(v)}" for k, v in arm.match.items()),
+                match={**cfg.require, **arm.match}, tier=tier)
+    return list(steps.values())
+
+
+def _override(value: Any) -> str:
+    """A config value as Hydra reads it back (True -> true)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def c5_step() -> Step:
+    """Claim C5 (the expressivity theorem on a group word problem): not built yet."""
+    return Step("C5-word-problem", "pipelines.train", "word_problem/cpu",
+                unavailable="not run: the C5 word-problem task is not built yet (issue 15)")
+
+
+def table_steps(profile: str, seeds: Sequence[int], runs_dir: Path,
+                scrolls_data: Path | None) -> list[Step]:
+    """The paper's tables at ``profile`` (tables = cpu scale). The benchmark writes under
+    ``runs_dir/benchmark/<scale>`` like every other run (so a checkout's committed results/
+    never counts as done on a new machine); :func:`publish_benchmark` copies it into results/."""
     seeds = tuple(seeds)
+    profile = "paper" if profile == "paper" else "cpu"  # the scale the presets are named after
     datasets, scrolls_note = scrolls_datasets(scrolls_data)
     scrolls_extra = (f"task.data_dir={scrolls_data}",) if datasets else ()
     if profile == "paper":  # the hub may be reachable on a cluster: print every dataset
@@ -139,7 +203,11 @@ def pending(step: Step, runs: Sequence[Run]) -> list[tuple[str, str, int]]:
     """(experiment, pe, seed) of the step's runs that have not finished."""
     if step.unavailable or step.done_file is not None:
         return []
-    done = latest_finished(runs)
+    if step.match:  # a claim arm: only runs with the arm's config values count
+        done = {(r.experiment, r.pe, r.seed) for r in runs if r.finished and r.pe in step.pes
+                and all(lookup(r.config(), k) == v for k, v in step.match.items())}
+    else:
+        done = set(latest_finished(runs))
     return [(exp, pe, seed) for exp in step.experiments() for pe in step.pes for seed in step.seeds
             if (exp, pe, seed) not in done]
 
@@ -283,6 +351,7 @@ def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, job
     for wave in sorted({out.step.wave for out, _ in started}):
         items = [(out, label, argv) for out, todo in started if out.step.wave == wave and todo
                  for label, argv in run_commands(out.step, todo)]
+        items = sorted(items, key=_launch_order)
         if items and not dry_run:
             log_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -294,6 +363,16 @@ def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, job
         out.wall_s = last - first
         _finish(out, todo, runs_dir)
     return [out for out, _ in started]
+
+
+def _launch_order(item: tuple[Outcome, str, list[str]]) -> tuple[int, int]:
+    """Claim arms (tier, seed): every primary arm's seed 0, then seed 1, ... so finished runs
+    form pairs early; other steps keep their order (sorted() is stable)."""
+    out, _, argv = item
+    if not out.step.match:
+        return (out.step.tier, 0)
+    seed = next(int(a.split("=", 1)[1]) for a in argv if a.startswith("seed="))
+    return (out.step.tier, seed)
 
 
 def _serialised(log: Callable[[str], None], lock: threading.Lock) -> Callable[[str], None]:
@@ -347,7 +426,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipelines.reproduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=PROFILES, default="cpu")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0],
+                   help="seeds of the tables (profiles tables, cpu-full); claim arms take their "
+                        f"seeds from the profile {CLAIM_SEEDS}")
     p.add_argument("--runs", type=Path, default=Path("runs"))
     p.add_argument("--out", type=Path, default=Path("results"))
     p.add_argument("--scrolls-data", type=Path, default=Path("data/scrolls"),
@@ -376,8 +457,9 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         print(summary(outcomes))
         print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
     if not args.no_report and not args.dry_run:
-        if publish_benchmark(args.runs, args.profile, args.out):
-            print(f"benchmark: {bench_dir(args.runs, args.profile)}/efficiency.{{md,json}} copied to {args.out}/")
+        scale = "paper" if args.profile == "paper" else "cpu"
+        if publish_benchmark(args.runs, scale, args.out):
+            print(f"benchmark: {bench_dir(args.runs, scale)}/efficiency.{{md,json}} copied to {args.out}/")
         try:
             done = render(args.runs, args.out)  # cpu and every other scale that has runs
         except WouldLoseResults as err:

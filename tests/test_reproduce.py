@@ -64,7 +64,7 @@ def step(steps: list, name: str):
 
 
 def test_cpu_plan_lists_every_experiment_in_order(tmp_path: Path) -> None:
-    steps = plan("cpu", runs_dir=tmp_path / "runs", scrolls_data=tmp_path / "none")
+    steps = plan("tables", runs_dir=tmp_path / "runs", scrolls_data=tmp_path / "none")
     assert [s.name for s in steps] == ["context_extension", "addition", "pretrain", "scrolls", "benchmark"]
     assert [shlex.join(c) for c in commands(step(steps, "addition"))] == [
         "python -m pipelines.train -m experiment=addition/cpu pe=rope,randpe,nope,fire,tape seed=0"]
@@ -94,7 +94,7 @@ def test_finished_runs_are_skipped_unfinished_ones_rerun(tmp_path: Path) -> None
     finish(runs, "addition/cpu", "rope", 0, "20261122-205210-0835a8-0")
     finish(runs, "addition/cpu", "tape", 0, "20261122-205210-0835a8-4", done=False)  # killed
     finish(runs, "addition/cpu", "fire", 1, "20261122-205210-0835a8-8")
-    addition = step(plan("cpu", seeds=(0, 1), scrolls_data=None), "addition")
+    addition = step(plan("tables", seeds=(0, 1), scrolls_data=None), "addition")
     todo = pending(addition, find_runs(runs))
     assert ("addition/cpu", "rope", 0) not in todo and ("addition/cpu", "tape", 0) in todo
     assert len(todo) == 8
@@ -106,7 +106,7 @@ def test_finished_runs_are_skipped_unfinished_ones_rerun(tmp_path: Path) -> None
 def test_execute_runs_what_is_left_then_skips_everything(tmp_path: Path) -> None:
     runs, out = tmp_path / "runs", tmp_path / "results"
     finish(runs, "pretrain/cpu", "rope", 0, "20261122-205210-0835a8-0")
-    steps = plan("cpu", runs_dir=runs, scrolls_data=None)
+    steps = plan("tables", runs_dir=runs, scrolls_data=None)
     runner = FakeRunner(runs, out, fail=("fire",))
     logs: list[str] = []
     outcomes = {o.step.name: o for o in execute(steps, runs, runner, log=logs.append)}
@@ -131,7 +131,7 @@ def test_dry_run_runs_nothing(tmp_path: Path) -> None:
     def refuse(launch: Launch) -> int:
         raise AssertionError(launch)
 
-    outcomes = execute(plan("cpu", runs_dir=tmp_path / "runs", scrolls_data=None), tmp_path / "runs",
+    outcomes = execute(plan("tables", runs_dir=tmp_path / "runs", scrolls_data=None), tmp_path / "runs",
                        refuse, dry_run=True, log=lambda _: None)
     assert [o.left for o in outcomes] == [1, 5, 7, 0, 1] and not any(o.ran for o in outcomes)
 
@@ -143,7 +143,7 @@ def test_scrolls_runs_only_datasets_with_local_data(tmp_path: Path) -> None:
         (data / "qasper" / f"{split}.jsonl").write_text("{}\n")
     (data / "quality").mkdir()
     (data / "quality" / "train.jsonl").write_text("{}\n")  # no validation split: not present
-    scrolls = step(plan("cpu", scrolls_data=data), "scrolls")
+    scrolls = step(plan("tables", scrolls_data=data), "scrolls")
     assert scrolls.datasets == ("qasper",) and not scrolls.unavailable
     (cmd,) = commands(scrolls, pending(scrolls, []))
     assert "experiment=scrolls/cpu" in cmd and "task.dataset=qasper" in cmd
@@ -153,8 +153,8 @@ def test_scrolls_runs_only_datasets_with_local_data(tmp_path: Path) -> None:
 def test_main_cpu_renders_the_report_after_running(tmp_path: Path) -> None:
     runs, out = tmp_path / "runs", tmp_path / "results"
     runner = FakeRunner(runs, out)
-    reproduce.main(["--runs", str(runs), "--out", str(out), "--scrolls-data", str(tmp_path / "x")],
-                   runner=runner)
+    reproduce.main(["--profile", "tables", "--runs", str(runs), "--out", str(out),
+                    "--scrolls-data", str(tmp_path / "x")], runner=runner)
     assert len(runner.calls) == 4
     assert (out / "README.md").is_file() and (out / "tables" / "addition_cpu.csv").is_file()
     assert (out / "efficiency.md").read_text() == "# Efficiency (fake run)\n"  # published from runs/
@@ -164,7 +164,7 @@ def test_a_checkouts_committed_benchmark_does_not_count_as_run_here(tmp_path: Pa
     out = tmp_path / "results"
     out.mkdir()
     (out / "efficiency.json").write_text("{}")  # as in a fresh clone
-    bench = step(plan("cpu", runs_dir=tmp_path / "runs", scrolls_data=None), "benchmark")
+    bench = step(plan("tables", runs_dir=tmp_path / "runs", scrolls_data=None), "benchmark")
     assert bench.done_file == tmp_path / "runs" / "benchmark" / "cpu" / "efficiency.json"
     assert f"output_dir={tmp_path / 'runs' / 'benchmark' / 'cpu'}" in shlex.join(commands(bench)[0])
     assert not reproduce.publish_benchmark(tmp_path / "runs", "cpu", out)
@@ -176,7 +176,7 @@ def test_jobs_run_single_runs_side_by_side_then_the_benchmark_alone(tmp_path: Pa
         (data / "qasper").mkdir(parents=True, exist_ok=True)
         (data / "qasper" / f"{split}.jsonl").write_text("{}\n")
     finish(runs, "addition/cpu", "rope", 0, "20261122-205210-0835a8-0")
-    steps = plan("cpu", runs_dir=runs, scrolls_data=data)
+    steps = plan("tables", runs_dir=runs, scrolls_data=data)
     runner = FakeRunner(runs, out, fail=("fire",))
     outcomes = {o.step.name: o for o in execute(steps, runs, runner, log=lambda _: None, jobs=2)}
     calls = runner.calls
@@ -228,7 +228,7 @@ def test_one_reproduction_logs_to_one_wandb_group(tmp_path: Path, monkeypatch: p
     runs = tmp_path / "runs"
     for jobs in (1, 2):
         runner = FakeRunner(runs, tmp_path / "results")
-        execute(plan("cpu", runs_dir=runs / str(jobs), scrolls_data=None), runs / str(jobs), runner,
+        execute(plan("tables", runs_dir=runs / str(jobs), scrolls_data=None), runs / str(jobs), runner,
                 log=lambda _: None, jobs=jobs)
         groups = {la.env.get(reproduce.WANDB_GROUP_VAR) for la in runner.launches}
         assert len(groups) == 1 and groups.pop().startswith("reproduce-")
@@ -237,3 +237,75 @@ def test_one_reproduction_logs_to_one_wandb_group(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv(reproduce.WANDB_GROUP_VAR, "reproduce-20261123-000000")
     assert cfg.logger.wandb.group == "reproduce-20261123-000000"
     assert "experiment:addition/smoke" in cfg.logger.wandb.tags
+
+
+# ------------------------------------------------------------------ the claims (profile cpu)
+def finish_arm(runs: Path, experiment: str, pe: str, seed: int, name: str, config: dict) -> Path:
+    """A finished run whose config.yaml holds ``config`` (dotted keys) and paired_init."""
+    import yaml
+
+    run = finish(runs, experiment, pe, seed, name)
+    nested: dict = {"pe": {"name": pe}, "paired_init": True, "seed": seed}
+    for key, value in config.items():
+        node = nested
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    (run / "config.yaml").write_text(yaml.safe_dump(nested))
+    return run
+
+
+def test_cpu_profile_runs_every_claim_arm_primary_arms_at_six_seeds(tmp_path: Path) -> None:
+    steps = plan("cpu", runs_dir=tmp_path / "runs")
+    by_name = {s.name: s for s in steps}
+    assert by_name["C1-tape_abacus"].seeds == tuple(range(6)) and by_name["C1-tape_abacus"].tier == 0
+    assert by_name["C1-nope_abacus"].seeds == tuple(range(3)) and by_name["C1-nope_abacus"].tier == 1
+    assert "model.abacus=true" in by_name["C1-rope_abacus"].overrides
+    assert "model.abacus=false" in by_name["C1-rope_plain"].overrides
+    shared = by_name["C2+C4-tape"]  # one arm, two claims: run once
+    assert shared.experiment == "pretrain/cpu" and shared.seeds == tuple(range(6))
+    assert by_name["C4-tape_rowsum"].match["pe.tape_post_attn"] == "rowsum"
+    assert all(s.match.get("paired_init") is True for s in steps)
+    assert not any(s.experiment.startswith(("addition/", "scrolls/", "context_extension/")) for s in steps)
+
+
+def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    finish_arm(runs, "addition_c1/cpu", "rope", 0, "20261123-000001-aaaaaa", {"model.abacus": False})
+    finish_arm(runs, "addition_c1/cpu", "rope", 1, "20261123-000002-aaaaaa", {"model.abacus": True})
+    finish(runs, "addition_c1/cpu", "rope", 2, "20261123-000003-aaaaaa")  # no config: unknown arm
+    by_name = {s.name: s for s in plan("cpu", runs_dir=runs)}
+    found = find_runs(runs)
+    abacus = [seed for _, _, seed in pending(by_name["C1-rope_abacus"], found)]
+    plain = [seed for _, _, seed in pending(by_name["C1-rope_plain"], found)]
+    assert abacus == [0, 2, 3, 4, 5] and plain == [1, 2]
+
+
+def test_claim_runs_start_seed_by_seed_primary_arms_first(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    launched: list[list[str]] = []
+
+    def record(launch: Launch) -> int:
+        launched.append(launch.argv)
+        return 0
+
+    execute(plan("cpu", runs_dir=runs), runs, record, log=lambda _: None, jobs=1 + 1)
+    seeds = [int(next(a for a in argv if a.startswith("seed="))[5:]) for argv in launched]
+    n_primary = sum(len(s.seeds) for s in plan("cpu") if s.tier == 0)
+    assert seeds[:n_primary] == sorted(seeds[:n_primary])  # whole pairs early
+    assert len(launched) == sum(len(s.seeds) for s in plan("cpu"))
+    first = {shlex.join(a) for a in launched[:n_primary]}
+    assert any("experiment=addition_c1/cpu pe=rope seed=0 model.abacus=true" in c for c in first)
+    assert not any("pe=nope" in c or "pe=alibi" in c for c in first)  # secondary arms come later
+
+
+def test_cpu_full_runs_claims_at_eight_seeds_then_the_tables(tmp_path: Path) -> None:
+    steps = plan("cpu-full", runs_dir=tmp_path / "runs", scrolls_data=None)
+    claims = [s for s in steps if s.match]
+    assert claims and all(s.seeds == tuple(range(8)) for s in claims)
+    c5 = next(s for s in steps if s.name.startswith("C5"))
+    assert c5.unavailable.startswith("not run")
+    tables = [s.name for s in steps if not s.match and not s.name.startswith("C5")]
+    assert tables == ["context_extension", "addition", "pretrain", "scrolls", "benchmark"]
+    assert min(s.wave for s in steps if s.name in tables) > max(s.wave for s in claims)
