@@ -172,3 +172,36 @@ def test_claims_config_paths_are_checked() -> None:
     cfg = load_claims()
     for claim in cfg.claims:
         assert claim.command.startswith("python -m pipelines.train -m experiment=" + claim.experiment)
+
+
+def test_arm_table_puts_in_distribution_speed_and_e_movement_beside_the_metric(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        for j, (pe, cfg_pe) in enumerate((("rope", {"name": "rope"}), ("tape", TAPE_PE))):
+            run = make_run(runs, "addition_c1/cpu", pe, seed, f"20261123-10000{seed}-eeeeee-{j}",
+                           {"task": "addition", "ood_accuracy": 10.0 + seed + j,
+                            "in_distribution_accuracy": 99.0 + 0.5 * j},
+                           c1_config(cfg_pe, abacus=True))
+            (run / "csv").mkdir()
+            reach = 500 if pe == "tape" else (750 if seed < 2 else None)  # RoPE seed 2 never reaches 99 %
+            lines = ["step,train/loss,val/exact_match"]
+            for step in (250, 500, 750, 1000):
+                lines.append(f"{step - 1},1.0,")  # a training row: no validation value
+                lines.append(f"{step},,{0.995 if reach is not None and step >= reach else 0.5}")
+            (run / "csv" / "metrics.csv").write_text("\n".join(lines) + "\n")
+        make_run(runs, "pretrain/cpu", "tape", seed, f"20261123-10000{seed}-ffffff-0",
+                 {"task": "pretrain", "ppl_1x": 90.0, "e_move_last": 0.2 + 0.1 * seed},
+                 config("pretrain", TAPE_PE))
+    out = tmp_path / "results"
+    render(runs, out)
+    with open(out / "tables" / "claims_arms.csv", newline="") as f:
+        table = [(r["claim"], r["arm"], r) for r in csv.DictReader(f)]
+    arms = {(c, a): r for c, a, r in table}
+    tape_c1, rope_c1 = arms[("C1", "TAPE + Abacus")], arms[("C1", "RoPE + Abacus")]
+    assert tape_c1["seeds"] == "0, 1, 2"
+    assert tape_c1["the claim's metric: mean ± sd [min, max]"] == "12.00 ± 1.00 [11.00, 13.00]"
+    assert "in_distribution_accuracy: 99.50 ± 0.00" in tape_c1["beside it (mean ± sd [min, max] over the same seeds)"]
+    assert "steps_to_99: median 500 (3/3 reached)" in tape_c1["beside it (mean ± sd [min, max] over the same seeds)"]
+    assert "steps_to_99: median 750 (2/3 reached)" in rope_c1["beside it (mean ± sd [min, max] over the same seeds)"]
+    c2 = arms[("C2", "TAPE")]["beside it (mean ± sd [min, max] over the same seeds)"]
+    assert "e_move_last: 0.300 ± 0.100 [0.200, 0.400]" in c2

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import yaml
 
 from tape.report.document import Context, Section
@@ -60,6 +61,7 @@ class Claim:
     secondary: tuple[tuple[str, str], ...]
     command: str
     note: str = ""
+    also: tuple[str, ...] = ()  # metrics shown per arm beside the claim's (claims.yaml "also")
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
         claims.append(Claim(id=c["id"], title=c["title"], paper=" ".join(c["paper"].split()),
                             experiment=c["experiment"], metric=c["metric"], primary=pairs[0],
                             secondary=tuple(pairs[1:]), command=" ".join(c["command"].split()),
-                            note=c.get("note", "")))
+                            note=c.get("note", ""), also=tuple(c.get("also") or ())))
     return ClaimsConfig(alpha=float(raw.get("alpha", 0.05)), metrics=metrics, arms=arms,
                         claims=tuple(claims), require=dict(raw.get("require") or {}))
 
@@ -133,20 +135,22 @@ class ClaimResult:
     values: dict[str, dict[int, float]]
     runs: list[Run]
     unpaired: int = 0  # finished runs of the claim's arms that lack the required values (paired_init)
+    arm_runs: dict[str, list[Run]] = field(default_factory=dict)  # the runs each arm used
 
 
 def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimResult:
     metric = cfg.metrics[claim.metric]
-    values, used = {}, []
+    values, used, arm_runs = {}, [], {}
     for name in dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair):
         values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, claim.metric, cfg.require)
         used += found
+        arm_runs[name] = found
     comparisons = [compare(values[t], values[b], metric, (t, b), primary=i == 0)
                    for i, (t, b) in enumerate((claim.primary, *claim.secondary))]
     arms = [cfg.arms[name] for name in values]
     unpaired = sum(1 for r in runs if r.finished and r.experiment == claim.experiment
                    and any(a.matches(r, {}) for a in arms) and not any(a.matches(r, cfg.require) for a in arms))
-    return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used, unpaired)
+    return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used, unpaired, arm_runs)
 
 
 def _row(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> list[Any]:
@@ -164,6 +168,89 @@ def _row(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> 
             effect += "; " + successes(result.values[c.treatment], result.values[c.baseline], metric).format()
     head = [f"{claim.id}: {claim.title}", claim.paper] if first else ["", ""]
     return [*head, f"{claim.experiment}, {metric.label}", what, effect, c.n, verdict]
+
+
+STEPS_TO = "steps_to_99"  # a derived metric: the first validation step at >= 99 % exact match
+
+
+def steps_to(run: Run, threshold: float = 0.99, key: str = "val/exact_match") -> float | None:
+    """The first logged step whose validation ``key`` reached ``threshold`` (csv/metrics.csv of
+    the run; validation is in-distribution), or None when it never did or nothing was logged.
+    Its resolution is the run's val_check_interval."""
+    import csv
+
+    try:
+        with open(run.path / "csv" / "metrics.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                value = row.get(key) or ""
+                if value and float(value) >= threshold:
+                    return float(row["step"])
+    except (OSError, ValueError, KeyError):
+        return None
+    return None
+
+
+def _arm_runs(result: ClaimResult, arm: str) -> list[Run]:
+    """The runs an arm contributed to the claim, by seed."""
+    return sorted(result.arm_runs.get(arm, []), key=lambda r: r.seed)
+
+
+def _spread(values: list[float], digits: int = 2) -> str:
+    """``mean ± sd [min, max]`` over seeds (sd with ddof 1; one seed: its value)."""
+    if not values:
+        return "-"
+    arr = np.asarray(values, dtype=float)
+    if len(arr) == 1:
+        return f"{arr[0]:.{digits}f}"
+    return (f"{arr.mean():.{digits}f} ± {arr.std(ddof=1):.{digits}f} "
+            f"[{arr.min():.{digits}f}, {arr.max():.{digits}f}]")
+
+
+def _steps_cell(runs: list[Run]) -> str:
+    steps = [steps_to(r) for r in runs]
+    reached = sorted(s for s in steps if s is not None)
+    if not runs:
+        return "-"
+    if not reached:
+        return f"never (0/{len(runs)})"
+    return f"median {np.median(reached):.0f} ({len(reached)}/{len(runs)} reached)"
+
+
+def arm_table(results: list[ClaimResult], cfg: ClaimsConfig) -> Table:
+    """Per claim and arm: the seeds, the claim's metric and its "also" metrics (mean ± sd
+    [min, max] over seeds), so in-distribution numbers, learning speed and cost sit beside the
+    compared metric."""
+    rows = []
+    for result in results:
+        claim = result.claim
+        names = dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair)
+        for name in names:
+            runs = _arm_runs(result, name)
+            if not runs:
+                continue
+            cells = []
+            for key in claim.also:
+                if key == STEPS_TO:
+                    cells.append(f"{key}: {_steps_cell(runs)}")
+                    continue
+                vals = [float(r.metrics[key]) for r in runs
+                        if isinstance((r.metrics or {}).get(key), (int, float))]
+                if vals:
+                    cells.append(f"{key}: {_spread(vals, 3 if abs(np.mean(vals)) < 1 else 2)}")
+            rows.append([claim.id, cfg.arms[name].title, ", ".join(str(r.seed) for r in runs),
+                         _spread([result.values[name][r.seed] for r in runs]), "; ".join(cells)])
+    return Table(name="claims_arms", title="Claims: every arm, seed by seed summary",
+                 columns=["claim", "arm", "seeds", "the claim's metric: mean ± sd [min, max]",
+                          "beside it (mean ± sd [min, max] over the same seeds)"],
+                 rows=rows, notes=[
+                     f"{STEPS_TO}: the first validation step (in-distribution, every "
+                     "val_check_interval steps) at >= 99 % exact match, from the run's csv/metrics.csv.",
+                     "e_move_last: ||E_last - E_0|| / ||E_0|| on 8 held-out blocks (how far TAPE's "
+                     "E moved from its RoPE table by the last layer); e_update_attn_mean / "
+                     "e_update_mlp_mean: the mean per-layer share each update adds "
+                     "(tape/metrics/e_movement.py).",
+                     "train_time_s is wall time on a shared machine (two runs at once): a cost "
+                     "indication, not a benchmark (results/efficiency.md has the paired timing)."])
 
 
 def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
@@ -184,7 +271,8 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
         "The second column is **the paper's** statement and numbers (tape-spec E), at the paper's "
         "scale; every other column is ours, at the scale in the experiment's name.",
         *(f"{r.claim.id}: {r.claim.note}." for r in results if r.claim.note),
-        "Commands: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
+        "All of them: `make reproduce-table` (PROFILE=cpu: primary arms at 6 paired seeds, the "
+        "other arms at 3; pipelines/reproduce.py). Per claim: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
     ]
     runs = list({run.path: run for r in results for run in r.runs}.values())  # an arm may serve two claims
     tables = [
@@ -192,5 +280,6 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
               rows=primary, notes=notes, provenance=provenance_line(runs, ctx.stamp)),
         Table(name="claims_all", title="Claims: every comparison (primary first, then secondary)",
               columns=columns, rows=every, provenance=provenance_line(runs, ctx.stamp)),
+        arm_table(results, cfg),
     ]
     return Section(title="Claims", tables=tables)
