@@ -5,8 +5,9 @@ and renders whatever has finished). Profiles:
 - ``cpu``: the claims of conf/claims.yaml (issue 15: C1 arithmetic with and without Abacus, C2
   language modelling and the ablation, C3 flip-flop retrieval, C4 the official row-sum post map),
   each arm of a claim's primary comparison at CLAIM_SEEDS["cpu"][0] paired seeds, the other arms at
-  CLAIM_SEEDS["cpu"][1]; sized for about 2 hours on 2 cores with ``--jobs 2``. Primary arms run
-  first, seed by seed, so an interrupted reproduction leaves whole pairs.
+  CLAIM_SEEDS["cpu"][1]; about 2 hours for the primary arms and 1 more for the others on 2 cores
+  with ``--jobs 2`` (``--dry-run`` prints the estimate). Primary arms run first, seed by seed, so
+  an interrupted reproduction leaves whole pairs.
 - ``tables``: the paper's tables at cpu scale, ``--seeds`` seeds: context extension (5 recipes;
   the longest single job, so it starts first), addition (5 PEs), pretraining (7 PEs), SCROLLS
   (from the pretraining runs; only the datasets whose data are present), efficiency benchmark.
@@ -47,7 +48,12 @@ from tape.report.runs import Run, find_runs, latest_finished
 PROFILES = ("cpu", "tables", "cpu-full", "paper")
 # Paired seeds per claim arm: (arms of a primary comparison, every other arm). The cpu profile's
 # 6 is the fewest at which an exact sign-flip test can reach p < 0.05 (2 / 2**6 = 0.031).
-CLAIM_SEEDS: dict[str, tuple[int, int]] = {"cpu": (6, 3), "cpu-full": (8, 8)}
+# The other arms' 2 seeds at cpu describe them (effect, interval, successes) but can never give
+# a verdict of better / worse: the sign-flip p-value cannot go below 0.5 with 2 pairs.
+CLAIM_SEEDS: dict[str, tuple[int, int]] = {"cpu": (6, 2), "cpu-full": (8, 8)}
+# Minutes a run of each claim experiment took here (one thread, two runs at once on 2 cores,
+# 2026-11-23): orders the other arms cheapest first and gives --dry-run its estimate.
+RUN_MINUTES: dict[str, float] = {"addition_c1/cpu": 9.5, "flipflop/cpu": 4.5, "pretrain/cpu": 3.0}
 WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
 # The paper profile needs inputs only the user has; the printed commands show where they go.
 PAPER_EXTEND_INPUTS = ("model.pretrained_path=/path/to/Llama-2-7b-hf",
@@ -73,6 +79,7 @@ class Step:
     single: bool = False  # one plain run per seed, no PE sweep (context extension: pe is llama)
     match: Mapping[str, Any] = field(default_factory=dict)  # a claim arm: config values its runs have
     tier: int = 0  # --jobs: inside a wave, lower tiers first; claim arms run seed by seed
+    minutes: float = 0.0  # a run's expected wall time here (0: unknown)
 
     def experiments(self) -> list[str]:
         return [f"{self.experiment}/{d}" for d in self.datasets] if self.datasets else [self.experiment]
@@ -142,7 +149,7 @@ def claim_steps(cfg: ClaimsConfig, primary_seeds: int, other_seeds: int) -> list
                 name=f"{claim.id}-{name}", entry="pipelines.train", experiment=claim.experiment,
                 pes=(arm.pe,), seeds=tuple(range(primary_seeds if tier == 0 else other_seeds)),
                 overrides=tuple(f"{k}={_override(v)}" for k, v in arm.match.items()),
-                match={**cfg.require, **arm.match}, tier=tier)
+                match={**cfg.require, **arm.match}, tier=tier, minutes=RUN_MINUTES.get(claim.experiment, 0.0))
     return list(steps.values())
 
 
@@ -365,14 +372,14 @@ def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, job
     return [out for out, _ in started]
 
 
-def _launch_order(item: tuple[Outcome, str, list[str]]) -> tuple[int, int]:
-    """Claim arms (tier, seed): every primary arm's seed 0, then seed 1, ... so finished runs
-    form pairs early; other steps keep their order (sorted() is stable)."""
+def _launch_order(item: tuple[Outcome, str, list[str]]) -> tuple[int, int, float]:
+    """Claim arms (tier, seed, minutes): every primary arm's seed 0, then seed 1, ... so finished
+    runs form pairs early, the cheapest first; other steps keep their order (sorted() is stable)."""
     out, _, argv = item
     if not out.step.match:
-        return (out.step.tier, 0)
+        return (out.step.tier, 0, 0.0)
     seed = next(int(a.split("=", 1)[1]) for a in argv if a.startswith("seed="))
-    return (out.step.tier, seed)
+    return (out.step.tier, seed, out.step.minutes)
 
 
 def _serialised(log: Callable[[str], None], lock: threading.Lock) -> Callable[[str], None]:
@@ -409,6 +416,16 @@ def _finish(out: Outcome, todo: list, runs_dir: Path) -> None:
     elif todo:
         left = pending(out.step, find_runs(runs_dir))
         out.ran, out.left = len(todo) - len(left), len(left)
+
+
+def estimate(steps: Sequence[Step], runs_dir: Path, jobs: int) -> str:
+    """The expected wall time of the runs left, from each step's ``minutes`` (claims only)."""
+    runs = find_runs(runs_dir)
+    known = [(len(pending(s, runs)), s.minutes) for s in steps if s.minutes]
+    unknown = [s.name for s in steps if not s.minutes and pending(s, runs)]
+    minutes = sum(n * m for n, m in known) / max(1, jobs)
+    line = f"estimate: {sum(n for n, _ in known)} claim run(s) left, about {minutes:.0f} min with --jobs {jobs}"
+    return line + (f" (plus {', '.join(unknown)}: no estimate)" if unknown else "")
 
 
 def summary(outcomes: Sequence[Outcome]) -> str:
@@ -454,6 +471,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
     else:
         t0 = time.perf_counter()
         outcomes = execute(steps, args.runs, runner, dry_run=args.dry_run, jobs=args.jobs)
+        if args.dry_run:
+            print(estimate(steps, args.runs, args.jobs))
         print(summary(outcomes))
         print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
     if not args.no_report and not args.dry_run:
