@@ -1,10 +1,14 @@
 """Render results/ from the run directories (never W&B):
 ``python -m pipelines.report [--runs runs] [--out results] [--scale cpu --scale paper]
-[--render-empty]``.
+[--carry-over | --render-empty]``.
 
 Refuses (exit 1, writing nothing) when a rendered scale has no finished run, or when a number
 in the output's runs.csv has no finished run behind it any more (a fresh clone has no runs/):
 the committed results are never replaced by "not run" unless --render-empty asks for it.
+--carry-over loses nothing instead: a section none of whose runs is under --runs (say addition,
+run on another machine), or whose runs here lack a PE that runs.csv had numbers for, is copied
+unchanged from the previous README, with a note that says why; its tables and figures are left
+as they are and its rows stay in runs.csv. ``make reproduce-table`` renders this way.
 
 Writes results/README.md (every table beside the paper's numbers, with provenance),
 results/tables/*.csv and *.tex, results/figures/*.png and results/runs.csv. See tape/report/.
@@ -28,6 +32,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scale", action="append", dest="scales", metavar="SCALE",
                         help="render this scale (repeatable); default: cpu and every scale found "
                              "except smoke")
+    parser.add_argument("--carry-over", action="store_true",
+                        help="keep the previous render's section, tables, figures and runs.csv rows "
+                             "of each experiment whose numbers the runs under --runs would drop")
     parser.add_argument("--render-empty", action="store_true",
                         help="render even where that writes \"not run\" over existing numbers")
     return parser.parse_args(argv)
@@ -36,11 +43,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        done = render(args.runs, args.out, args.scales, allow_empty=args.render_empty)
+        done = render(args.runs, args.out, args.scales, allow_empty=args.render_empty,
+                      carry_over=args.carry_over)
     except WouldLoseResults as err:
+        carry = "" if args.carry_over else "pass --carry-over to keep the sections whose runs are not here, "
         print(f"pipelines.report: refusing to render into {args.out}/ (nothing written): {err}.\n"
-              f"Point --runs at the run directories, or pass --render-empty to write \"not run\" "
-              f"cells anyway (make report REPORT_ARGS=--render-empty).", file=sys.stderr)
+              f"Point --runs at the run directories, {carry}or pass --render-empty to write "
+              f"\"not run\" cells anyway (make report REPORT_ARGS=--render-empty).", file=sys.stderr)
         return 1
     print(f"wrote {len(done.files)} files under {args.out}/ (see {args.out / 'README.md'})")
     return 0

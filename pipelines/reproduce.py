@@ -480,7 +480,9 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         if publish_benchmark(args.runs, scale, args.out):
             print(f"benchmark: {bench_dir(args.runs, scale)}/efficiency.{{md,json}} copied to {args.out}/")
         try:
-            done = render(args.runs, args.out)  # cpu and every other scale that has runs
+            # cpu and every other scale that has runs; sections whose runs are on another machine
+            # (runs/ is not committed) are carried over from the previous render, never lost
+            done = render(args.runs, args.out, carry_over=True)
         except WouldLoseResults as err:
             print(f"report: not rendered, {args.out}/ left as it was: {err}", file=sys.stderr)
             return 1

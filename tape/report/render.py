@@ -3,25 +3,56 @@
 
 Only the files named above are written (and rewritten on every render); anything else in the
 output folder, such as the benchmark's efficiency.md / efficiency.json, is left as it is.
+
+With ``carry_over``, an experiment section none of whose runs is on this machine (runs/ is not
+committed) is carried over from the previous render instead: its README text and its runs.csv
+rows are copied, and its tables/figures files are left as they are.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from tape.report import addition, claims, efficiency, extension, flipflop, pretrain, scrolls
 from tape.report.document import Context, Section
-from tape.report.inventory import inventory_csv, summary_table
+from tape.report.inventory import FIELDS, inventory_csv, summary_table
 from tape.report.provenance import render_stamp
 from tape.report.runs import Run, find_runs
 from tape.report.tables import to_csv, to_latex, to_markdown
 
-EXPERIMENTS: tuple[Callable[[Context, str], Section], ...] = (
-    addition.build, scrolls.build, extension.build, pretrain.build, flipflop.build,
+
+class Experiment(NamedTuple):
+    """A section builder, the runs its section stands for and its section's title (per scale),
+    so that a section can be carried over when none of its runs is here."""
+
+    build: Callable[[Context, str], Section]
+    prefix: str  # "addition/{scale}": experiment <prefix> and any below it (scrolls/cpu/qasper)
+    title: str  # "Addition ({scale})": the builder's Section.title
+
+    def owns(self, experiment: str, scale: str) -> bool:
+        """Whether runs of ``experiment`` belong to this section at ``scale``."""
+        prefix = self.prefix.format(scale=scale)
+        return experiment == prefix or experiment.startswith(prefix + "/")
+
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    Experiment(addition.build, "addition/{scale}", "Addition ({scale})"),
+    Experiment(scrolls.build, "scrolls/{scale}", "SCROLLS ({scale})"),
+    Experiment(extension.build, "context_extension/{scale}", "Context extension ({scale})"),
+    Experiment(pretrain.build, "pretrain/{scale}", "Pretraining perplexity ({scale})"),
+    Experiment(flipflop.build, "flipflop/{scale}", "Flip-flop ({scale})"),
 )
+CARRIED_NOTE = ("*Carried over unchanged from the previous render: its runs are not under {runs_dir}/ "
+                "on this machine; their rows stay in runs.csv.*")
+PARTIAL_NOTE = ("*Carried over unchanged from the previous render: built from the runs under "
+                "{runs_dir}/ on this machine it would drop the rows of {pes}, whose runs are not "
+                "here. Its rows stay in runs.csv; the {n} finished run(s) of this experiment here "
+                "are listed there too (the Claims section uses them).*")
+USED = ("yes", "apart")  # runs.csv `used` values of rows whose numbers are in the report
 DEFAULT_SCALES = ("cpu",)
 NOT_RESULTS = ("smoke",)  # test presets: never rendered unless asked for by name
 
@@ -41,19 +72,102 @@ def scales_to_render(found: Sequence[str], requested: Sequence[str] | None) -> l
     return list(dict.fromkeys([*DEFAULT_SCALES, *sorted(s for s in found if s not in NOT_RESULTS)]))
 
 
-def would_lose(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_dir: Path) -> list[str]:
-    """Why rendering now would replace numbers with "not run" (empty: safe): a scale with no
-    finished run under ``runs_dir``, or an (experiment, PE) that ``out_dir``/runs.csv used and
-    that has no finished run now (e.g. a fresh clone, where runs/ is not committed)."""
-    where = runs_dir.resolve()
-    problems = [f"no finished run at scale {scale} under {where}" for scale in scales
-                if not any(r.finished and r.scale == scale for r in runs)]
-    have = {(r.experiment, r.pe) for r in runs if r.finished}
+class CarriedSection(Section):
+    """A section copied from the previous README (its Markdown, verbatim but for a note)."""
+
+    def __init__(self, title: str, markdown: str) -> None:
+        super().__init__(title=title)
+        self.markdown = markdown
+
+    def to_markdown(self) -> str:
+        return self.markdown
+
+
+@dataclass
+class Carried:
+    """A section kept from the previous render: none of its runs is on this machine, or those
+    here would drop numbers of runs that are not."""
+
+    experiment: str  # e.g. "addition/cpu" (see Experiment.prefix)
+    scale: str
+    section: CarriedSection
+    rows: list[dict[str, str]]  # its rows of the previous runs.csv, kept as they were
+
+    def owns(self, experiment: str) -> bool:
+        """Whether rows of ``experiment`` are this section's."""
+        return experiment == self.experiment or experiment.startswith(self.experiment + "/")
+
+
+def _read_runs_csv(out_dir: Path) -> list[dict[str, str]]:
+    """The rows of ``out_dir``/runs.csv ([] when there is none)."""
     try:
         with open(out_dir / "runs.csv", newline="") as f:
-            committed = [row for row in csv.DictReader(f) if row.get("used", "").startswith(("yes", "apart"))]
+            return list(csv.DictReader(f))
     except OSError:
-        committed = []
+        return []
+
+
+def old_section(readme: str, title: str, note: str) -> str | None:
+    """The Markdown of section ``## title`` of a rendered README (up to the next ``## ``
+    heading) with ``note`` under its heading, replacing the note of an earlier carry-over;
+    None when the README has no such section."""
+    lines = readme.split("\n")
+    heading = f"## {title}"
+    if heading not in lines:
+        return None
+    start = lines.index(heading)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    body = lines[start + 1:end]
+    if len(body) >= 2 and body[0] == "" and body[1].startswith(CARRIED_NOTE.split(":")[0]):
+        body = body[2:]  # carried before: one note, not two
+    return "\n".join([heading, "", note, *body]).rstrip("\n") + "\n"
+
+
+def to_carry(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_dir: Path) -> list[Carried]:
+    """The sections to carry over: at a rendered scale, with rows with numbers in
+    ``out_dir``/runs.csv and a section in its README, and either no finished run of theirs
+    under ``runs_dir`` or runs that lack a PE those rows had (building it would drop it)."""
+    committed = _read_runs_csv(out_dir)
+    try:
+        readme = (out_dir / "README.md").read_text()
+    except OSError:
+        return []
+    carried = []
+    have = {(r.experiment, r.pe) for r in runs if r.finished}
+    for scale in scales:
+        for exp in EXPERIMENTS:
+            rows = [row for row in committed if exp.owns(row.get("experiment", ""), scale)]
+            used = [row for row in rows if row.get("used", "").startswith(USED)]
+            here = [r for r in runs if r.finished and exp.owns(r.experiment, scale)]
+            if not used:
+                continue
+            note = CARRIED_NOTE.format(runs_dir=runs_dir)
+            if here:  # carried only when building it from the runs here would drop numbers
+                lost = sorted({row["pe"] for row in used if (row["experiment"], row["pe"]) not in have})
+                if not lost:
+                    continue
+                note = PARTIAL_NOTE.format(runs_dir=runs_dir, pes=", ".join(lost), n=len(here))
+            title = exp.title.format(scale=scale)
+            markdown = old_section(readme, title, note)
+            if markdown is not None:
+                carried.append(Carried(exp.prefix.format(scale=scale), scale,
+                                       CarriedSection(title, markdown), rows))
+    return carried
+
+
+def would_lose(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_dir: Path,
+               carried: Sequence[Carried] = ()) -> list[str]:
+    """Why rendering now would replace numbers with "not run" (empty: safe): a scale with no
+    finished run under ``runs_dir`` (nor a ``carried`` section), or an (experiment, PE) that
+    ``out_dir``/runs.csv used, that has no finished run now (e.g. a fresh clone, where runs/ is
+    not committed) and whose section is not carried over."""
+    where = runs_dir.resolve()
+    problems = [f"no finished run at scale {scale} under {where}" for scale in scales
+                if not any(r.finished and r.scale == scale for r in runs)
+                and not any(c.scale == scale for c in carried)]
+    have = {(r.experiment, r.pe) for r in runs if r.finished}
+    committed = [row for row in _read_runs_csv(out_dir) if row.get("used", "").startswith(USED)
+                 and not any(c.owns(row["experiment"]) for c in carried)]  # carried: kept
     lost = sorted({(row["experiment"], row["pe"]) for row in committed
                    if row.get("scale") in scales and (row["experiment"], row["pe"]) not in have})
     if lost:
@@ -76,24 +190,32 @@ class WouldLoseResults(RuntimeError):
 
 
 def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | None = None,
-           allow_empty: bool = False) -> Rendered:
+           allow_empty: bool = False, carry_over: bool = False) -> Rendered:
     """Render every experiment at each scale of ``scales`` (see scales_to_render). Refuses
     (WouldLoseResults, before writing anything) when that would lose a number, unless
-    ``allow_empty``."""
+    ``allow_empty``; with ``carry_over``, sections none of whose runs is here are carried over
+    from the previous render (see to_carry) rather than lost."""
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     runs = find_runs(runs_dir)
     chosen = scales_to_render([r.scale for r in runs], scales)
-    problems = [] if allow_empty else would_lose(runs, out_dir, chosen, runs_dir)
+    carried = to_carry(runs, out_dir, chosen, runs_dir) if carry_over else []
+    problems = [] if allow_empty else would_lose(runs, out_dir, chosen, runs_dir, carried)
     if problems:
         raise WouldLoseResults("; ".join(problems))
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = render_stamp()
     ctx = Context(runs=runs, out_dir=out_dir, stamp=stamp)
-    sections = [build(ctx, scale) for scale in chosen for build in EXPERIMENTS]
+    kept: dict[str, Section] = {c.section.title: c.section for c in carried}
+    sections = [kept[title] if (title := exp.title.format(scale=scale)) in kept else exp.build(ctx, scale)
+                for scale in chosen for exp in EXPERIMENTS]
     sections.append(efficiency.build(ctx))
     sections.insert(0, claims.build(ctx))  # issue 15: the Claims section opens the report
     written: list[Path] = []
     inventory = summary_table(runs, chosen, stamp)
+    if carried:
+        inventory.notes.append("Carried over from the previous render (runs not on this machine): "
+                               + ", ".join(c.experiment for c in carried) + ". Their rows stay in "
+                               "[runs.csv](runs.csv); their sections, tables and figures are unchanged.")
     for table in [inventory, *(t for s in sections for t in s.tables)]:
         _write(ctx.tables_dir / f"{table.name}.csv", to_csv(table), written)
         _write(ctx.tables_dir / f"{table.name}.tex", to_latex(table), written)
@@ -101,15 +223,20 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
         for stem, text in section.extra_csv.items():
             _write(ctx.tables_dir / f"{stem}.csv", text, written)
         written += [out_dir / f.path for f in section.figures]
-    _write(out_dir / "runs.csv", inventory_csv(runs, chosen, runs_dir), written)
+    listed = inventory_csv(runs, chosen, runs_dir)
+    _write(out_dir / "runs.csv", listed + _carried_rows(carried, listed), written)
+    command = f"python -m pipelines.report --runs {runs_dir} --out {out_dir}"
+    command += " --carry-over" if carry_over else ""
     readme = [
         "# Results",
         "",
-        f"Rendered by `python -m pipelines.report --runs {runs_dir} --out {out_dir}` from the run "
+        f"Rendered by `{command}` from the run "
         f"directories under `{runs_dir}/` (never from W&B). Every number in a column "
         "without \"paper\" in its header comes from a run listed in [runs.csv](runs.csv); columns "
         "and rows marked \"paper\" are the paper's numbers (tape-spec E). A cell without a number "
-        "says why (\"not run: ...\", \"unfinished: ...\").",
+        "says why (\"not run: ...\", \"unfinished: ...\")."
+        + (" Sections marked \"carried over\" are copied unchanged from the previous render, "
+           "whose runs are not on this machine." if carried else ""),
         "",
         f"Scales rendered: {', '.join(chosen)}. {stamp[0].upper()}{stamp[1:]}.",
         "",
@@ -119,3 +246,13 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
     ]
     _write(out_dir / "README.md", "\n".join(readme), written)
     return Rendered(files=written, sections=sections)
+
+
+def _carried_rows(carried: Sequence[Carried], listed: str) -> str:
+    """The previous runs.csv rows of the carried sections, as they were (CSV lines, no header),
+    but for run directories that ``listed`` (the new runs.csv) already has."""
+    have = {row["run_dir"] for row in csv.DictReader(io.StringIO(listed))}
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, FIELDS, restval="", extrasaction="ignore", lineterminator="\n")
+    writer.writerows(row for c in carried for row in c.rows if row.get("run_dir") not in have)
+    return buf.getvalue()
