@@ -7,6 +7,7 @@ PROFILE ?= cpu
 # reproduce-table: runs at once (each with cores / JOBS torch threads), and the seeds to run
 JOBS    ?= 2
 SEEDS   ?= 0
+CLAIMS  ?=
 
 .DEFAULT_GOAL := help
 
@@ -33,7 +34,7 @@ bench:  ## Efficiency benchmark (CPU, ~25 min): writes runs/benchmark/cpu/effici
 .PHONY: bench
 
 reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~2 h on 2 cores), tables (the paper's tables at cpu scale, SEEDS="0 1"), cpu-full (both, 8 seeds) or print PROFILE=paper's commands; JOBS=2 runs at once; skips finished runs; then renders results/
-	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS) --seeds $(SEEDS)
+	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS) --seeds $(SEEDS) $(if $(CLAIMS),--claims $(CLAIMS))
 
 report:  ## Render results/ from runs/ (never W&B); refuses to replace numbers with "not run" (REPORT_ARGS=--carry-over keeps sections whose runs are elsewhere; --render-empty)
 	$(BIN)/python -m pipelines.report $(REPORT_ARGS)

@@ -115,17 +115,31 @@ def scrolls_datasets(data_dir: Path | None) -> tuple[tuple[str, ...], str]:
 
 
 def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"),
-         scrolls_data: Path | None = Path("data/scrolls"), claims: ClaimsConfig | None = None) -> list[Step]:
-    """Every experiment at ``profile`` in the order it runs (see the module docstring)."""
+         scrolls_data: Path | None = Path("data/scrolls"), claims: ClaimsConfig | None = None,
+         only: Sequence[str] = ()) -> list[Step]:
+    """Every experiment at ``profile`` in the order it runs (see the module docstring); ``only``
+    keeps the claims with those ids (C1, C3, ...)."""
     if profile not in PROFILES:
         raise ValueError(f"--profile {profile!r}: choose one of {PROFILES}")
+    claims = select_claims(claims or load_claims(), only)
     if profile == "cpu":
-        return claim_steps(claims or load_claims(), *CLAIM_SEEDS["cpu"])
+        return claim_steps(claims, *CLAIM_SEEDS["cpu"])
     if profile == "cpu-full":
-        full = claim_steps(claims or load_claims(), *CLAIM_SEEDS["cpu-full"])
+        full = claim_steps(claims, *CLAIM_SEEDS["cpu-full"])
         tables = [replace(s, wave=s.wave + 1) for s in table_steps("cpu", seeds, runs_dir, scrolls_data)]
         return [*full, c5_step(), *tables]
     return table_steps(profile, seeds, runs_dir, scrolls_data)
+
+
+def select_claims(cfg: ClaimsConfig, only: Sequence[str]) -> ClaimsConfig:
+    """``cfg`` with only the claims named in ``only`` (all when empty); an unknown id is an error."""
+    if not only:
+        return cfg
+    ids = [c.id for c in cfg.claims]
+    unknown = [i for i in only if i not in ids]
+    if unknown:
+        raise ValueError(f"--claims {' '.join(unknown)}: unknown; conf/claims.yaml has {' '.join(ids)}")
+    return replace(cfg, claims=tuple(c for c in cfg.claims if c.id in only))
 
 
 def claim_steps(cfg: ClaimsConfig, primary_seeds: int, other_seeds: int) -> list[Step]:
@@ -446,6 +460,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0],
                    help="seeds of the tables (profiles tables, cpu-full); claim arms take their "
                         f"seeds from the profile {CLAIM_SEEDS}")
+    p.add_argument("--claims", nargs="+", default=[], metavar="ID",
+                   help="run only these claims of conf/claims.yaml (e.g. --claims C2 C3); default: all")
     p.add_argument("--runs", type=Path, default=Path("runs"))
     p.add_argument("--out", type=Path, default=Path("results"))
     p.add_argument("--scrolls-data", type=Path, default=Path("data/scrolls"),
@@ -462,7 +478,10 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
     args = parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs {args.jobs}: give at least 1 (runs at once)")
-    steps = plan(args.profile, args.seeds, args.runs, args.scrolls_data)
+    try:
+        steps = plan(args.profile, args.seeds, args.runs, args.scrolls_data, only=args.claims)
+    except ValueError as err:
+        raise SystemExit(f"pipelines.reproduce: {err}") from None
     if args.profile == "paper":
         print("Paper-scale commands (GPUs, the data sets and Llama-2 weights needed; see conf/experiment/*/paper.yaml):")
         for step in steps:

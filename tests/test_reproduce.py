@@ -318,3 +318,10 @@ def test_dry_run_estimates_the_claims_wall_time(tmp_path: Path, capsys: pytest.C
     expected = sum(len(s.seeds) * s.minutes for s in steps) / 2
     assert all(s.minutes > 0 for s in steps)
     assert f"about {expected:.0f} min with --jobs 2" in capsys.readouterr().out
+
+
+def test_claims_can_be_chosen_and_an_unknown_id_is_refused(tmp_path: Path) -> None:
+    steps = plan("cpu", runs_dir=tmp_path / "runs", only=("C3",))
+    assert steps and {s.experiment for s in steps} == {"flipflop/cpu"}
+    with pytest.raises(SystemExit, match="--claims C9: unknown"):
+        reproduce.main(["--claims", "C9", "--dry-run", "--runs", str(tmp_path / "runs")])
