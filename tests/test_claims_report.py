@@ -120,8 +120,8 @@ def test_c1_factorial_arms_are_told_apart_by_abacus_and_paired(tmp_path: Path) -
         for j, ((pe, abacus), value) in enumerate(ood.items()):
             cfg_pe = TAPE_PE if pe == "tape" else {"name": pe}
             make_run(runs, "addition_c1/cpu", pe, seed, f"20261123-10000{seed}-eeeeee-{j}",
-                     {"task": "addition", "ood_accuracy": value(seed), "ood_digit_accuracy": 60.0},
-                     c1_config(cfg_pe, abacus))
+                     {"task": "addition", "ood_accuracy": value(seed), "ood_digit_accuracy": 60.0,
+                      "in_distribution_accuracy": 100.0}, c1_config(cfg_pe, abacus))
     # the plain addition experiment's runs (no model.abacus key) never enter C1's arms
     make_run(runs, "addition/cpu", "rope", 0, "20261123-100000-ffffff-0",
              {"task": "addition", "ood_accuracy": 99.0}, config("addition", {"name": "rope"}))
@@ -205,3 +205,24 @@ def test_arm_table_puts_in_distribution_speed_and_e_movement_beside_the_metric(t
     assert "steps_to_99: median 750 (2/3 reached)" in rope_c1["beside it (mean ± sd [min, max] over the same seeds)"]
     c2 = arms[("C2", "TAPE")]["beside it (mean ± sd [min, max] over the same seeds)"]
     assert "e_move_last: 0.300 ± 0.100 [0.200, 0.400]" in c2
+
+
+def test_seeds_where_an_arm_did_not_learn_the_task_are_left_out_and_named(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for seed in range(7):
+        for j, (pe, cfg_pe) in enumerate((("rope", {"name": "rope"}), ("tape", TAPE_PE))):
+            in_dist = 40.0 if (pe, seed) in {("tape", 1), ("rope", 4)} else 99.0
+            make_run(runs, "addition_c1/cpu", pe, seed, f"20261123-10000{seed}-eeeeee-{j}",
+                     {"task": "addition", "ood_accuracy": 10.0 + seed + 3 * j, "in_distribution_accuracy": in_dist},
+                     c1_config(cfg_pe, abacus=True))
+    out = tmp_path / "results"
+    render(runs, out)
+    c1 = rows(out / "tables" / "claims.csv")["C1"]
+    assert c1["n paired seeds"] == "5" and c1["effect Δ [95 % CI]"].startswith("Δ +3.00 [")
+    assert "2 seed(s) invalid, left out (1, 4: in_distribution_accuracy < 95)" in c1["verdict"]
+    # none valid: no verdict, and the reason
+    for path in runs.rglob("metrics.json"):
+        path.write_text(path.read_text().replace('"in_distribution_accuracy": 99.0', '"in_distribution_accuracy": 50.0'))
+    render(runs, tmp_path / "again")
+    c1 = rows(tmp_path / "again" / "tables" / "claims.csv")["C1"]
+    assert c1["effect Δ [95 % CI]"] == "no valid pair" and c1["verdict"].startswith("**no verdict**: 7 seed(s) invalid")

@@ -62,6 +62,7 @@ class Claim:
     command: str
     note: str = ""
     also: tuple[str, ...] = ()  # metrics shown per arm beside the claim's (claims.yaml "also")
+    valid: Mapping[str, float] = field(default_factory=dict)  # metric -> the least a valid seed has
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
         claims.append(Claim(id=c["id"], title=c["title"], paper=" ".join(c["paper"].split()),
                             experiment=c["experiment"], metric=c["metric"], primary=pairs[0],
                             secondary=tuple(pairs[1:]), command=" ".join(c["command"].split()),
-                            note=c.get("note", ""), also=tuple(c.get("also") or ())))
+                            note=c.get("note", ""), also=tuple(c.get("also") or ()),
+                            valid={k: float(v) for k, v in (c.get("valid") or {}).items()}))
     return ClaimsConfig(alpha=float(raw.get("alpha", 0.05)), metrics=metrics, arms=arms,
                         claims=tuple(claims), require=dict(raw.get("require") or {}))
 
@@ -126,6 +128,13 @@ def arm_values(runs: list[Run], arm: Arm, experiment: str, metric: str,
     return values, [r for r in group.finished if r.seed in values]
 
 
+def is_valid(run: Run, valid: Mapping[str, float]) -> bool:
+    """Whether a run reached every threshold of its claim's ``valid`` (e.g. in-distribution
+    accuracy >= 95 %: a model that has not learnt the task says nothing about generalisation)."""
+    metrics = run.metrics or {}
+    return all(isinstance(metrics.get(k), (int, float)) and float(metrics[k]) >= v for k, v in valid.items())
+
+
 @dataclass
 class ClaimResult:
     """A claim's comparisons, primary first, with verdicts, and the runs they used."""
@@ -136,34 +145,48 @@ class ClaimResult:
     runs: list[Run]
     unpaired: int = 0  # finished runs of the claim's arms that lack the required values (paired_init)
     arm_runs: dict[str, list[Run]] = field(default_factory=dict)  # the runs each arm used
+    invalid: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # per comparison: seeds left out
 
 
 def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimResult:
     metric = cfg.metrics[claim.metric]
-    values, used, arm_runs = {}, [], {}
+    values, used, arm_runs, invalid = {}, [], {}, {}
     for name in dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair):
         values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, claim.metric, cfg.require)
         used += found
         arm_runs[name] = found
-    comparisons = [compare(values[t], values[b], metric, (t, b), primary=i == 0)
-                   for i, (t, b) in enumerate((claim.primary, *claim.secondary))]
+        invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid)}
+    pairs = list(enumerate((claim.primary, *claim.secondary)))
+    comparisons = [compare(_without(values[t], invalid[t] | invalid[b]),
+                           _without(values[b], invalid[t] | invalid[b]), metric, (t, b), primary=i == 0)
+                   for i, (t, b) in pairs]
+    dropped = {(t, b): sorted((invalid[t] | invalid[b]) & set(values[t]) & set(values[b])) for _, (t, b) in pairs}
     arms = [cfg.arms[name] for name in values]
     unpaired = sum(1 for r in runs if r.finished and r.experiment == claim.experiment
                    and any(a.matches(r, {}) for a in arms) and not any(a.matches(r, cfg.require) for a in arms))
-    return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used, unpaired, arm_runs)
+    return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used, unpaired, arm_runs, dropped)
+
+
+def _without(values: Mapping[int, float], seeds: set[int]) -> dict[int, float]:
+    return {s: v for s, v in values.items() if s not in seeds}
 
 
 def _row(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> list[Any]:
     claim = result.claim
     metric = cfg.metrics[claim.metric]
     what = f"{cfg.arms[c.treatment].title} - {cfg.arms[c.baseline].title}"
-    if c.n == 0:
+    dropped = result.invalid.get((c.treatment, c.baseline), [])
+    why = (f"{len(dropped)} seed(s) invalid, left out ({', '.join(str(s) for s in dropped)}: "
+           + " or ".join(f"{k} < {v:g}" for k, v in claim.valid.items()) + ")") if dropped else ""
+    if c.n == 0 and dropped:
+        effect, verdict = "no valid pair", f"**no verdict**: {why}"
+    elif c.n == 0:
         effect, verdict = NOT_RUN, f"{NOT_RUN}: run `{claim.command}`"
         if result.unpaired:
             verdict += (f" ({result.unpaired} finished run(s) of these arms lack "
                         f"{', '.join(f'{k}={v}' for k, v in cfg.require.items())}: not pairs)")
     else:
-        effect, verdict = c.effect(), f"**{c.verdict}** ({c.reason})"
+        effect, verdict = c.effect(), f"**{c.verdict}** ({c.reason})" + (f"; {why}" if why else "")
         if metric.success is not None:
             effect += "; " + successes(result.values[c.treatment], result.values[c.baseline], metric).format()
     head = [f"{claim.id}: {claim.title}", claim.paper] if first else ["", ""]
