@@ -25,6 +25,7 @@ def flipflop_metrics(ood: float) -> dict:
     for m in (1, 2, 3, 4):
         for s in ("in_dist", "sparse", "dense"):
             out[f"read_error_{s}_{m}x"] = 0.0 if m == 1 else ood * m / 2
+        out[f"read_error_{m}x"] = 0.0 if m == 1 else ood * m / 2  # the mean over sparsities
     return out
 
 
@@ -226,3 +227,26 @@ def test_seeds_where_an_arm_did_not_learn_the_task_are_left_out_and_named(tmp_pa
     render(runs, tmp_path / "again")
     c1 = rows(tmp_path / "again" / "tables" / "claims.csv")["C1"]
     assert c1["effect Δ [95 % CI]"] == "no valid pair" and c1["verdict"].startswith("**no verdict**: 7 seed(s) invalid")
+
+
+def test_each_claim_with_runs_gets_a_figure_by_length(rendered: Path) -> None:
+    text = (rendered / "README.md").read_text()
+    claims_part = text.split("\n## ")[1]
+    for name in ("claim_c2.png", "claim_c3.png"):
+        assert f"figures/{name}" in claims_part
+        assert (rendered / "figures" / name).read_bytes()[:4] == b"\x89PNG"
+    assert "claim_c1.png" not in claims_part  # no addition runs
+
+
+def test_addition_curve_pools_cells_by_the_longer_operand(tmp_path: Path) -> None:
+    from tape.report.claim_figures import addition_curve, interval
+    from tape.report.runs import find_runs
+    from test_report import grid_csv
+
+    make_run(tmp_path, "addition_c1/cpu", "rope", 0, "20261123-100000-aaaaaa-0", {"task": "addition"},
+             c1_config({"name": "rope"}, abacus=True),
+             {"grid.csv": grid_csv({(1, 1): 10, (1, 2): 5, (2, 1): 0, (2, 2): 3})})
+    (run,) = find_runs(tmp_path)
+    assert addition_curve(run) == {1: 100.0, 2: pytest.approx(100 * 8 / 30)}
+    mean, low, high = interval(np.array([1.0, 2.0, 3.0]))
+    assert mean == 2.0 and low == pytest.approx(2 - 4.302653 / np.sqrt(3), rel=1e-5) and high > 3

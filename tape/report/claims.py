@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
+from tape.report.claim_figures import claim_figure
 from tape.report.document import Context, Section
 from tape.report.groups import NOT_RUN, group_by
 from tape.report.paired import Comparison, MetricSpec, compare, decide, successes
@@ -305,4 +306,20 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
               columns=columns, rows=every, provenance=provenance_line(runs, ctx.stamp)),
         arm_table(results, cfg),
     ]
-    return Section(title="Claims", tables=tables)
+    figures = []
+    for r in results:
+        arms = {cfg.arms[name].title: _arm_runs(r, name) for name in r.arm_runs}
+        runs_ = [run for rs in arms.values() for run in rs]
+        task = runs_[0].task if runs_ else ""
+        train = _train_digits(runs_) if task == "addition" else None
+        fig = claim_figure(ctx, r.claim.id, r.claim.title, arms, task, train)
+        if fig is not None:
+            figures.append(fig)
+    return Section(title="Claims", tables=tables, figures=figures)
+
+
+def _train_digits(runs: list[Run]) -> int | None:
+    """The longest training operand (task.max_digits) of addition runs."""
+    values = {(r.config().get("task") or {}).get("max_digits") for r in runs}
+    values.discard(None)
+    return int(values.pop()) if len(values) == 1 else None

@@ -1,0 +1,115 @@
+"""One figure per claim: the claim's arms by evaluation length, mean over seeds with a 95 % t
+interval and every seed drawn (issue 15: "a figure of accuracy by length per PE with intervals").
+
+Per run, a curve {length: value} comes from what its task wrote: the addition grid.csv (exact
+match by the longer operand's digits), the flip-flop read error at each multiple of the training
+length, or the held-out perplexity at each multiple.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from typing import Callable, Mapping
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure as MplFigure
+from scipy import stats
+
+from tape.report.document import Context, Figure
+from tape.report.groups import artifact
+from tape.report.heatmap import save_png
+from tape.report.runs import Run
+
+Curve = dict[int, float]
+
+
+def addition_curve(run: Run) -> Curve:
+    """Exact match (%) by the longer operand's digit count, pooled over the grid's cells."""
+    path = artifact(run, "grid.csv")
+    if path is None:
+        return {}
+    n: dict[int, int] = {}
+    correct: dict[int, int] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            length = max(int(row["len_a"]), int(row["len_b"]))
+            n[length] = n.get(length, 0) + int(row["n"])
+            correct[length] = correct.get(length, 0) + int(row["correct"])
+    return {k: 100.0 * correct[k] / n[k] for k in sorted(n) if n[k]}
+
+
+def multiple_curve(pattern: str) -> Callable[[Run], Curve]:
+    """{m: metrics[key]} for every metrics key that matches ``pattern`` (one group: m)."""
+    regex = re.compile(pattern)
+
+    def curve(run: Run) -> Curve:
+        found = {int(m.group(1)): float(v) for k, v in (run.metrics or {}).items()
+                 if (m := regex.fullmatch(k)) and isinstance(v, (int, float))}
+        return dict(sorted(found.items()))
+    return curve
+
+
+# task -> (curve of a run, x label, y label, log y)
+TASK_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
+    "addition": (addition_curve, "digits of the longer operand", "exact match (%)", False),
+    "flipflop": (multiple_curve(r"read_error_(\d+)x"), "evaluation length / training length",
+                 "read error (%), mean over sparsities", True),
+    "pretrain": (multiple_curve(r"ppl_(\d+)x"), "evaluation length / training length",
+                 "held-out perplexity", False),
+}
+FLOOR = 0.01  # a zero error drawn on a log scale
+
+
+def interval(values: np.ndarray) -> tuple[float, float, float]:
+    """(mean, low, high): the 95 % t interval over seeds (the mean alone for one seed)."""
+    mean = float(values.mean())
+    if len(values) < 2:
+        return mean, mean, mean
+    half = float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
+    return mean, mean - half, mean + half
+
+
+def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, list[Run]],
+                 task: str, train_length: int | None = None) -> Figure | None:
+    """The figure of one claim (None when its task has no curve or no arm has a run)."""
+    if task not in TASK_CURVES or not any(arms.values()):
+        return None
+    curve_of, xlabel, ylabel, log = TASK_CURVES[task]
+    fig = MplFigure(figsize=(6.4, 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    drawn = False
+    for label, runs in arms.items():
+        curves = [c for c in (curve_of(r) for r in runs) if c]
+        if not curves:
+            continue
+        xs = sorted(set.intersection(*(set(c) for c in curves)))
+        per_seed = np.array([[c[x] for x in xs] for c in curves])  # (seeds, lengths)
+        if log:
+            per_seed = np.maximum(per_seed, FLOOR)
+        stats_ = [interval(per_seed[:, j]) for j in range(len(xs))]
+        mean = np.array([s[0] for s in stats_])
+        line = ax.plot(xs, mean, marker="o", label=f"{label} ({len(curves)} seeds)")[0]
+        ax.fill_between(xs, [s[1] for s in stats_], [s[2] for s in stats_], alpha=0.15,
+                        color=line.get_color())
+        for row in per_seed:
+            ax.scatter(xs, row, s=8, alpha=0.35, color=line.get_color())
+        drawn = True
+    if not drawn:
+        return None
+    if log:
+        ax.set_yscale("log")
+    if train_length is not None:
+        ax.axvline(train_length + 0.5, color="red", lw=0.8, ls="--")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{claim_id}: {title} (ours; band: 95 % t interval, dots: seeds)", fontsize=9)
+    path, rel = ctx.figure_path(f"claim_{claim_id.lower()}.png")
+    save_png(fig, path, overwrite=True)
+    return Figure(rel, f"{claim_id}: {title}, every arm by length (ours; band: 95 % t interval "
+                       "over seeds, dots: seeds" + ("; red line: the longest training length" if train_length else "")
+                  + ")")
