@@ -5,7 +5,7 @@ and renders whatever has finished). Profiles:
 - ``cpu``: the claims of conf/claims.yaml (issue 15: C1 arithmetic with and without Abacus, C2
   language modelling and the ablation, C3 flip-flop retrieval, C4 the official row-sum post map),
   each arm of a claim's primary comparison at CLAIM_SEEDS["cpu"][0] paired seeds, the other arms at
-  CLAIM_SEEDS["cpu"][1]; about 2 hours for the primary arms and 1 more for the others on 2 cores
+  CLAIM_SEEDS["cpu"][1]; about 1 h 50 min for the primary arms and 50 min for the others on 2 cores
   with ``--jobs 2`` (``--dry-run`` prints the estimate). Primary arms run first, seed by seed, so
   an interrupted reproduction leaves whole pairs.
 - ``tables``: the paper's tables at cpu scale, ``--seeds`` seeds: context extension (5 recipes;
