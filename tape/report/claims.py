@@ -10,6 +10,7 @@ config values the arm names.
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -201,8 +202,6 @@ def steps_to(run: Run, threshold: float = 0.99, key: str = "val/exact_match") ->
     """The first logged step whose validation ``key`` reached ``threshold`` (csv/metrics.csv of
     the run; validation is in-distribution), or None when it never did or nothing was logged.
     Its resolution is the run's val_check_interval."""
-    import csv
-
     try:
         with open(run.path / "csv" / "metrics.csv", newline="") as f:
             for row in csv.DictReader(f):
@@ -263,7 +262,7 @@ def arm_table(results: list[ClaimResult], cfg: ClaimsConfig) -> Table:
                     cells.append(f"{key}: {_spread(vals, 3 if abs(np.mean(vals)) < 1 else 2)}")
             rows.append([claim.id, cfg.arms[name].title, ", ".join(str(r.seed) for r in runs),
                          _spread([result.values[name][r.seed] for r in runs]), "; ".join(cells)])
-    return Table(name="claims_arms", title="Claims: every arm, seed by seed summary",
+    return Table(name="claims_arms", title="Claims: every arm over its seeds",
                  columns=["claim", "arm", "seeds", "the claim's metric: mean ± sd [min, max]",
                           "beside it (mean ± sd [min, max] over the same seeds)"],
                  rows=rows, notes=[
@@ -295,8 +294,9 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
         "The second column is **the paper's** statement and numbers (tape-spec E), at the paper's "
         "scale; every other column is ours, at the scale in the experiment's name.",
         *(f"{r.claim.id}: {r.claim.note}." for r in results if r.claim.note),
-        "All of them: `make reproduce-table` (PROFILE=cpu: primary arms at 6 paired seeds, the "
-        "other arms at 3; pipelines/reproduce.py). Per claim: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
+        "All of them: `make reproduce-table` (PROFILE=cpu: the arms of each primary comparison at "
+        "6 paired seeds, the other arms at 2, which describe them but cannot give a verdict; "
+        "pipelines/reproduce.py). Per claim: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
     ]
     runs = list({run.path: run for r in results for run in r.runs}.values())  # an arm may serve two claims
     tables = [
