@@ -28,6 +28,7 @@ TASKS = {
     "perplexity": "pipelines.tasks.perplexity",
     "pretrain": "pipelines.tasks.pretrain",
     "scrolls": "pipelines.tasks.scrolls",
+    "word_problem": "pipelines.tasks.word_problem",
 }
 
 
