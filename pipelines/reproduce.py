@@ -11,7 +11,8 @@ and renders whatever has finished). Profiles:
 - ``tables``: the paper's tables at cpu scale, ``--seeds`` seeds: context extension (5 recipes;
   the longest single job, so it starts first), addition (5 PEs), pretraining (7 PEs), SCROLLS
   (from the pretraining runs; only the datasets whose data are present), efficiency benchmark.
-- ``cpu-full``: every claim arm at CLAIM_SEEDS["cpu-full"] seeds, then ``tables``.
+- ``cpu-full``: every claim arm at CLAIM_SEEDS["cpu-full"] seeds, C5 (the group word problem,
+  ``profiles: [cpu-full]`` in claims.yaml) included, then ``tables``.
 - ``paper``: the tables at paper scale (prints the commands).
 
 A run is finished when a run directory of its experiment / PE / seed (and, for a claim arm, with
@@ -53,7 +54,8 @@ PROFILES = ("cpu", "tables", "cpu-full", "paper")
 CLAIM_SEEDS: dict[str, tuple[int, int]] = {"cpu": (6, 2), "cpu-full": (8, 8)}
 # Minutes a run of each claim experiment took here (one thread, two runs at once on 2 cores,
 # 2026-11-23): orders the other arms cheapest first and gives --dry-run its estimate.
-RUN_MINUTES: dict[str, float] = {"addition_c1/cpu": 9.5, "flipflop/cpu": 4.5, "pretrain/cpu": 3.0}
+RUN_MINUTES: dict[str, float] = {"addition_c1/cpu": 9.5, "flipflop/cpu": 4.5, "pretrain/cpu": 3.0,
+                                 "word_problem/cpu": 6.5}
 WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
 # The paper profile needs inputs only the user has; the printed commands show where they go.
 PAPER_EXTEND_INPUTS = ("model.pretrained_path=/path/to/Llama-2-7b-hf",
@@ -122,12 +124,13 @@ def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"
     if profile not in PROFILES:
         raise ValueError(f"--profile {profile!r}: choose one of {PROFILES}")
     claims = select_claims(claims or load_claims(), only)
+    claims = replace(claims, claims=tuple(c for c in claims.claims if not c.profiles or profile in c.profiles))
     if profile == "cpu":
         return claim_steps(claims, *CLAIM_SEEDS["cpu"])
     if profile == "cpu-full":
         full = claim_steps(claims, *CLAIM_SEEDS["cpu-full"])
         tables = [replace(s, wave=s.wave + 1) for s in table_steps("cpu", seeds, runs_dir, scrolls_data)]
-        return [*full, c5_step(), *tables]
+        return [*full, *tables]
     return table_steps(profile, seeds, runs_dir, scrolls_data)
 
 
@@ -170,12 +173,6 @@ def claim_steps(cfg: ClaimsConfig, primary_seeds: int, other_seeds: int) -> list
 def _override(value: Any) -> str:
     """A config value as Hydra reads it back (True -> true)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def c5_step() -> Step:
-    """Claim C5 (the expressivity theorem on a group word problem): not built yet."""
-    return Step("C5-word-problem", "pipelines.train", "word_problem/cpu",
-                unavailable="not run: the C5 word-problem task is not built yet (issue 15)")
 
 
 def table_steps(profile: str, seeds: Sequence[int], runs_dir: Path,

@@ -304,9 +304,11 @@ def test_cpu_full_runs_claims_at_eight_seeds_then_the_tables(tmp_path: Path) -> 
     steps = plan("cpu-full", runs_dir=tmp_path / "runs", scrolls_data=None)
     claims = [s for s in steps if s.match]
     assert claims and all(s.seeds == tuple(range(8)) for s in claims)
-    c5 = next(s for s in steps if s.name.startswith("C5"))
-    assert c5.unavailable.startswith("not run")
-    tables = [s.name for s in steps if not s.match and not s.name.startswith("C5")]
+    c5 = [s for s in steps if s.name.startswith("C5")]
+    assert {s.experiment for s in c5} == {"word_problem/cpu"} and len(c5) == 4  # 2 PEs x 2 depths
+    assert any("model.n_layers=4" in s.overrides for s in c5)
+    assert not any(s.name.startswith("C5") for s in plan("cpu", runs_dir=tmp_path / "runs"))  # overnight only
+    tables = [s.name for s in steps if not s.match]
     assert tables == ["context_extension", "addition", "pretrain", "scrolls", "benchmark"]
     assert min(s.wave for s in steps if s.name in tables) > max(s.wave for s in claims)
 

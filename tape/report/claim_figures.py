@@ -58,6 +58,8 @@ TASK_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
                  "read error (%), mean over sparsities", True),
     "pretrain": (multiple_curve(r"ppl_(\d+)x"), "evaluation length / training length",
                  "held-out perplexity", False),
+    "word_problem": (multiple_curve(r"token_accuracy_(\d+)x"), "evaluation length / training length",
+                     "prefix-product token accuracy (%)", False),
 }
 FLOOR = 0.01  # a zero error drawn on a log scale
 

@@ -65,6 +65,7 @@ class Claim:
     note: str = ""
     also: tuple[str, ...] = ()  # metrics shown per arm beside the claim's (claims.yaml "also")
     valid: Mapping[str, float] = field(default_factory=dict)  # metric -> the least a valid seed has
+    profiles: tuple[str, ...] = ()  # the reproduction profiles that run it (empty: every one)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
                             experiment=c["experiment"], metric=c["metric"], primary=pairs[0],
                             secondary=tuple(pairs[1:]), command=" ".join(c["command"].split()),
                             note=c.get("note", ""), also=tuple(c.get("also") or ()),
-                            valid={k: float(v) for k, v in (c.get("valid") or {}).items()}))
+                            valid={k: float(v) for k, v in (c.get("valid") or {}).items()},
+                            profiles=tuple(c.get("profiles") or ())))
     return ClaimsConfig(alpha=float(raw.get("alpha", 0.05)), metrics=metrics, arms=arms,
                         claims=tuple(claims), require=dict(raw.get("require") or {}))
 
