@@ -69,6 +69,7 @@ TABLES: dict[str, tuple[str, Callable[[Path], list[Row]], Callable[[list[Row], D
     "perplexity.csv": ("eval/perplexity", read_csv_rows, _perplexity),
     "passkey.csv": ("eval/passkey", read_csv_rows, lambda rows, cfg: rows),
     "flipflop.csv": ("eval/flipflop", read_csv_rows, lambda rows, cfg: rows),
+    "word_problem.csv": ("eval/word_problem", read_csv_rows, lambda rows, cfg: rows),
     "predictions_scored.jsonl": ("eval/predictions", read_jsonl_rows, _predictions),
 }
 

@@ -87,6 +87,7 @@ def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: P
                              {"q1": ["the king", "a king"], "q2": ["the land"]}, "f1",
                              run_dir / "predictions_scored.jsonl")
     (run_dir / "flipflop.csv").write_text("multiplier,sparsity,length,reads,errors,read_error\n2,sparse,128,50,3,6.0\n")
+    (run_dir / "word_problem.csv").write_text("multiplier,length,token_accuracy,sequence_accuracy\n2,32,55.5,1.0\n")
     cfg = make_cfg("experiment=pretrain/smoke", "logger=wandb")
     logger = WandbLogger(save_dir=str(run_dir), offline=True, project="tape-repro")
     wandb_log.log_results([logger], run_dir, cfg, step=3)
@@ -99,6 +100,7 @@ def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: P
     key = run.table("eval/passkey")
     assert key["columns"] == PASSKEY_FIELDS and [r[-1] for r in key["data"]] == [1.0, 0.5]
     assert run.table("eval/flipflop")["data"] == [[2, "sparse", 128, 50, 3, 6.0]]
+    assert run.table("eval/word_problem")["data"] == [[2, 32, 55.5, 1.0]]
     preds = run.table("eval/predictions")
     assert preds["columns"] == ["id", "prediction", "references", "score"]
     assert preds["data"] == [["q1", "the king", "the king\na king", 100.0], ["q2", "a queen", "the land", 0.0]]
