@@ -92,8 +92,10 @@ def test_claim_rows_from_runs(rendered: Path) -> None:
     assert claims["C4"]["effect Δ [95 % CI]"] == "not run"  # no row-sum runs
 
 
-def c1_config(pe: dict, abacus: bool, paired: bool = True) -> dict:
-    return {**config("addition", pe, paired), "model": {"abacus": abacus, "abacus_max_offset": 10}}
+def c1_config(pe: dict, abacus: bool, paired: bool = True, lr: float = 0.0003) -> dict:
+    """A C1 run's config: the claim counts only runs with its settings (lr 3e-4, 2,000 steps)."""
+    return {**config("addition", pe, paired), "model": {"abacus": abacus, "abacus_max_offset": 10},
+            "optim": {"lr": lr}, "trainer": {"max_steps": 2000}}
 
 
 def test_unpaired_runs_are_named_but_never_paired(tmp_path: Path) -> None:
@@ -250,3 +252,15 @@ def test_addition_curve_pools_cells_by_the_longer_operand(tmp_path: Path) -> Non
     assert addition_curve(run) == {1: 100.0, 2: pytest.approx(100 * 8 / 30)}
     mean, low, high = interval(np.array([1.0, 2.0, 3.0]))
     assert mean == 2.0 and low == pytest.approx(2 - 4.302653 / np.sqrt(3), rel=1e-5) and high > 3
+
+
+def test_runs_without_the_claims_settings_do_not_count(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for seed in range(6):
+        for j, (pe, cfg_pe) in enumerate((("rope", {"name": "rope"}), ("tape", TAPE_PE))):
+            make_run(runs, "addition_c1/cpu", pe, seed, f"20261123-10000{seed}-eeeeee-{j}",
+                     {"task": "addition", "ood_accuracy": 5.0, "in_distribution_accuracy": 100.0},
+                     c1_config(cfg_pe, abacus=True, lr=0.001))  # the first sizing's rate
+    render(runs, tmp_path / "results")
+    c1 = rows(tmp_path / "results" / "tables" / "claims.csv")["C1"]
+    assert c1["n paired seeds"] == "0" and c1["effect Δ [95 % CI]"] == "not run"

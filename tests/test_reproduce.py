@@ -272,8 +272,11 @@ def test_cpu_profile_runs_every_claim_arm_primary_arms_at_six_seeds(tmp_path: Pa
 
 def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    finish_arm(runs, "addition_c1/cpu", "rope", 0, "20261123-000001-aaaaaa", {"model.abacus": False})
-    finish_arm(runs, "addition_c1/cpu", "rope", 1, "20261123-000002-aaaaaa", {"model.abacus": True})
+    c1 = {"optim.lr": 0.0003, "trainer.max_steps": 2000}  # claim C1's settings
+    finish_arm(runs, "addition_c1/cpu", "rope", 0, "20261123-000001-aaaaaa", {**c1, "model.abacus": False})
+    finish_arm(runs, "addition_c1/cpu", "rope", 1, "20261123-000002-aaaaaa", {**c1, "model.abacus": True})
+    finish_arm(runs, "addition_c1/cpu", "rope", 3, "20261123-000004-aaaaaa",  # another schedule
+               {"optim.lr": 0.001, "trainer.max_steps": 3000, "model.abacus": True})
     finish(runs, "addition_c1/cpu", "rope", 2, "20261123-000003-aaaaaa")  # no config: unknown arm
     by_name = {s.name: s for s in plan("cpu", runs_dir=runs)}
     found = find_runs(runs)
@@ -296,7 +299,8 @@ def test_claim_runs_start_seed_by_seed_primary_arms_first(tmp_path: Path) -> Non
     assert seeds[:n_primary] == sorted(seeds[:n_primary])  # whole pairs early
     assert len(launched) == sum(len(s.seeds) for s in plan("cpu"))
     first = {shlex.join(a) for a in launched[:n_primary]}
-    assert any("experiment=addition_c1/cpu pe=rope seed=0 model.abacus=true" in c for c in first)
+    assert any("experiment=addition_c1/cpu pe=rope seed=0 optim.lr=0.0003 trainer.max_steps=2000 "
+               "model.abacus=true" in c for c in first)
     assert not any("pe=nope" in c or "pe=alibi" in c for c in first)  # secondary arms come later
 
 

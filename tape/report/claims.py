@@ -66,6 +66,7 @@ class Claim:
     also: tuple[str, ...] = ()  # metrics shown per arm beside the claim's (claims.yaml "also")
     valid: Mapping[str, float] = field(default_factory=dict)  # metric -> the least a valid seed has
     profiles: tuple[str, ...] = ()  # the reproduction profiles that run it (empty: every one)
+    settings: Mapping[str, Any] = field(default_factory=dict)  # config values every arm's runs have
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
                             secondary=tuple(pairs[1:]), command=" ".join(c["command"].split()),
                             note=c.get("note", ""), also=tuple(c.get("also") or ()),
                             valid={k: float(v) for k, v in (c.get("valid") or {}).items()},
-                            profiles=tuple(c.get("profiles") or ())))
+                            profiles=tuple(c.get("profiles") or ()),
+                            settings=dict(c.get("settings") or {})))
     return ClaimsConfig(alpha=float(raw.get("alpha", 0.05)), metrics=metrics, arms=arms,
                         claims=tuple(claims), require=dict(raw.get("require") or {}))
 
@@ -156,7 +158,8 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
     metric = cfg.metrics[claim.metric]
     values, used, arm_runs, invalid = {}, [], {}, {}
     for name in dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair):
-        values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, claim.metric, cfg.require)
+        values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, claim.metric,
+                                         {**cfg.require, **claim.settings})
         used += found
         arm_runs[name] = found
         invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid)}
@@ -167,7 +170,8 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
     dropped = {(t, b): sorted((invalid[t] | invalid[b]) & set(values[t]) & set(values[b])) for _, (t, b) in pairs}
     arms = [cfg.arms[name] for name in values]
     unpaired = sum(1 for r in runs if r.finished and r.experiment == claim.experiment
-                   and any(a.matches(r, {}) for a in arms) and not any(a.matches(r, cfg.require) for a in arms))
+                   and any(a.matches(r, claim.settings) for a in arms)
+                   and not any(a.matches(r, {**cfg.require, **claim.settings}) for a in arms))
     return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used, unpaired, arm_runs, dropped)
 
 
