@@ -188,8 +188,9 @@ def _row(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> 
            + " or ".join(f"{k} < {v:g}" for k, v in claim.valid.items()) + ")") if dropped else ""
     if c.n == 0 and dropped:
         effect, verdict = "no valid pair", f"**no verdict**: {why}"
-    elif c.n == 0:
-        effect, verdict = NOT_RUN, f"{NOT_RUN}: run `{claim.command}`"
+    elif c.n == 0:  # the command once per claim: on its first row
+        effect = NOT_RUN
+        verdict = f"{NOT_RUN}: run `{claim.command}`" if first else f"{NOT_RUN} (the claim's command is on its first row)"
         if result.unpaired:
             verdict += (f" ({result.unpaired} finished run(s) of these arms lack "
                         f"{', '.join(f'{k}={v}' for k, v in cfg.require.items())}: not pairs)")
