@@ -525,3 +525,27 @@ def test_directories_no_run_claimed_are_not_runs(tmp_path: Path) -> None:
     (tmp_path / "addition/cpu/rope/0/20261123-100000-aaaaaa/.hydra").mkdir(parents=True)
     make_run(tmp_path, "addition/cpu", "rope", 1, "20261123-100000-bbbbbb", None)
     assert [r.seed for r in find_runs(tmp_path)] == [1]
+
+
+def test_a_seed_whose_base_misses_its_own_passkeys_is_left_out_of_the_passkey_table(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    key = ("method,target_tokens,n_garbage,mean_tokens,trials,accuracy\n"
+           "base,256,10,240.0,20,{b}\ntape,256,10,240.0,20,{t}\n")
+    ppl = "method,corpus,length,perplexity,nll,windows,scored_tokens\nbase,books,256,{p},3.7,2,510\n"
+    for seed, (base, tape, p, ok) in enumerate(((1.0, 0.8, 40.0, True), (0.6, 0.1, 50.0, False))):
+        make_run(runs, "context_extension/cpu", "llama", seed, f"20261122-21022{seed}-f2760f",
+                 {"task": "context_extension", "context": 128, "target_context": 256,
+                  "base_retrieves": ok, "base_passkey_at_context": base, "wall_time_s": 100.0},
+                 {"task": {"name": "context_extension"}},
+                 {"perplexity.csv": ppl.format(p=p), "passkey.csv": key.format(b=base, t=tape)})
+    out = tmp_path / "results"
+    render(runs, out)
+    text = (out / "README.md").read_text()
+    assert "Seed 1 is invalid for passkey retrieval" in text and "retrieves 60% of passkeys" in text
+    with open(out / "tables" / "context_extension_cpu_passkey.csv", newline="") as f:
+        passkey = {r["method"]: r for r in csv.DictReader(f)}
+    tape = next(r for m, r in passkey.items() if m.startswith("TAPE"))
+    assert tape["<= 256 tokens (mean 240)"] == "0.8" and tape["<= 256 tokens (mean 240) n"] == "1"
+    with open(out / "tables" / "context_extension_cpu_perplexity.csv", newline="") as f:
+        base = next(r for r in csv.DictReader(f) if r["method"].startswith("base"))
+    assert base["books 256"] == "45.0" and base["books 256 n"] == "2"  # perplexity keeps both seeds

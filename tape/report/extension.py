@@ -6,7 +6,9 @@ Reads from each finished run (``task == "context_extension"``, written by
 and ``passkey.csv`` (method, target_tokens, mean_tokens, trials, accuracy); when a CSV is
 missing, the metrics.json keys ``ppl_<corpus>_<length>_<method>`` and
 ``passkey_<target_tokens>_<method>`` instead. Also ``context``, ``target_context``,
-``base_passkey_at_context`` and ``base_retrieves`` from metrics.json for the notes.
+``base_passkey_at_context`` and ``base_retrieves`` from metrics.json: a seed whose base model
+misses its own context's passkeys (issue 15) is invalid for passkey retrieval, named in the notes
+and left out of the passkey table and figure, never averaged.
 Seeds are combined per cell (mean ± sample std).
 """
 
@@ -119,11 +121,18 @@ def build(ctx: Context, scale: str) -> Section:
         section.paragraphs.append(f"Ours: {why} (`python -m pipelines.extend "
                                   f"experiment=context_extension/{scale}`).")
     else:
+        valid = [r for r in finished if (r.metrics or {}).get("base_retrieves") is not False]
         section.paragraphs += _notes(finished) + setting_notes(groups, compared=None)
-        section.tables += [_ppl_table(finished, scale, stamp), _passkey_table(finished, scale, stamp)]
+        section.tables += [_ppl_table(finished, scale, stamp)]
+        if valid:
+            section.tables.append(_passkey_table(valid, scale, provenance_line(valid, ctx.stamp)))
+        else:
+            section.paragraphs.append("Passkey retrieval: no valid seed (every base model misses "
+                                      "its own context's passkeys), so no passkey table.")
     section.tables += [_paper_ppl_table(), _paper_passkey_table()]
     path, rel = ctx.figure_path(f"passkey_{scale}.png")
-    save_png(_passkey_figure(finished, scale), path, overwrite=True)
+    save_png(_passkey_figure([r for r in finished if (r.metrics or {}).get("base_retrieves") is not False], scale),
+             path, overwrite=True)
     section.figures.append(Figure(rel, f"Passkey retrieval: ours ({scale} scale, left) beside "
                                        "the paper's Fig. 3 values (Llama-2-7B, right)"))
     return section
@@ -138,9 +147,11 @@ def _notes(runs: list[Run]) -> list[str]:
     for r in runs:
         rm = r.metrics or {}
         if rm.get("base_retrieves") is False:
-            notes.append(f"Warning (seed {r.seed}): the base model retrieves "
+            notes.append(f"Seed {r.seed} is invalid for passkey retrieval and left out of the passkey "
+                         f"table and figure: its base model retrieves "
                          f"{100 * float(rm.get('base_passkey_at_context', 0)):.0f}% of passkeys at its "
-                         "own context, so the passkey results of this run measure little.")
+                         "own context (below task.eval.min_base_passkey), so its extension measures "
+                         "little. Its perplexities are kept.")
     return notes
 
 

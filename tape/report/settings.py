@@ -18,6 +18,7 @@ NOT_SETTINGS: tuple[str, ...] = (
     "trainer.default_root_dir", "trainer.enable_progress_bar", "trainer.enable_model_summary",
     "trainer.log_every_n_steps",
     "threads", "reuse_models", "models_dir",
+    "task.eval.min_base_passkey",  # a reporting threshold: it flags a run, never changes one
 )
 MAX_SHOWN = 3  # differing keys named in a label; the rest are counted
 
