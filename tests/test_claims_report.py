@@ -189,8 +189,9 @@ def test_arm_table_puts_in_distribution_speed_and_e_movement_beside_the_metric(t
             reach = 500 if pe == "tape" else (750 if seed < 2 else None)  # RoPE seed 2 never reaches 99 %
             lines = ["step,train/loss,val/exact_match"]
             for step in (250, 500, 750, 1000):
-                lines.append(f"{step - 1},1.0,")  # a training row: no validation value
-                lines.append(f"{step},,{0.995 if reach is not None and step >= reach else 0.5}")
+                lines.append(f"{step - 2},1.0,")  # a training row: no validation value
+                # Lightning logs validation after `step` batches at the 0-based index step - 1
+                lines.append(f"{step - 1},,{0.995 if reach is not None and step >= reach else 0.5}")
             (run / "csv" / "metrics.csv").write_text("\n".join(lines) + "\n")
         make_run(runs, "pretrain/cpu", "tape", seed, f"20261123-10000{seed}-ffffff-0",
                  {"task": "pretrain", "ppl_1x": 90.0, "e_move_last": 0.2 + 0.1 * seed},

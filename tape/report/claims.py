@@ -206,15 +206,15 @@ STEPS_TO = "steps_to_99"  # a derived metric: the first validation step at >= 99
 
 
 def steps_to(run: Run, threshold: float = 0.99, key: str = "val/exact_match") -> float | None:
-    """The first logged step whose validation ``key`` reached ``threshold`` (csv/metrics.csv of
-    the run; validation is in-distribution), or None when it never did or nothing was logged.
-    Its resolution is the run's val_check_interval."""
+    """The training steps done at the first validation whose ``key`` reached ``threshold``
+    (csv/metrics.csv of the run; validation is in-distribution), or None when it never did or
+    nothing was logged. Its resolution is the run's val_check_interval."""
     try:
         with open(run.path / "csv" / "metrics.csv", newline="") as f:
             for row in csv.DictReader(f):
                 value = row.get(key) or ""
                 if value and float(value) >= threshold:
-                    return float(row["step"])
+                    return float(row["step"]) + 1  # Lightning logs the last batch's 0-based index
     except (OSError, ValueError, KeyError):
         return None
     return None
