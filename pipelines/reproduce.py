@@ -5,7 +5,7 @@ and renders whatever has finished). Profiles:
 - ``cpu``: the claims of conf/claims.yaml (issue 15: C1 arithmetic with and without Abacus, C2
   language modelling and the ablation, C3 flip-flop retrieval, C4 the official row-sum post map),
   each arm of a claim's primary comparison at CLAIM_SEEDS["cpu"][0] paired seeds, the other arms at
-  CLAIM_SEEDS["cpu"][1]; about 1 h 50 min for the primary arms and 50 min for the others on 2 cores
+  CLAIM_SEEDS["cpu"][1]; about 85 min for the primary arms and 40 min for the others on 2 cores
   with ``--jobs 2`` (``--dry-run`` prints the estimate). Primary arms run first, seed by seed, so
   an interrupted reproduction leaves whole pairs.
 - ``tables``: the paper's tables at cpu scale, ``--seeds`` seeds: context extension (5 recipes;
@@ -54,7 +54,7 @@ PROFILES = ("cpu", "tables", "cpu-full", "paper")
 CLAIM_SEEDS: dict[str, tuple[int, int]] = {"cpu": (6, 2), "cpu-full": (8, 8)}
 # Minutes a run of each claim experiment took here (one thread, two runs at once on 2 cores,
 # 2026-11-23): orders the other arms cheapest first and gives --dry-run its estimate.
-RUN_MINUTES: dict[str, float] = {"addition_c1/cpu": 6.5, "flipflop/cpu": 4.5, "pretrain/cpu": 3.0,
+RUN_MINUTES: dict[str, float] = {"addition_c1/cpu": 6.5, "flipflop/cpu": 4.5, "pretrain/cpu": 2.0,
                                  "word_problem/cpu": 6.5}
 WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
 # The paper profile needs inputs only the user has; the printed commands show where they go.
