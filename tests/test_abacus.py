@@ -216,6 +216,6 @@ def test_c1_presets_fit_their_index_table(scale: str) -> None:
     # the offset lets training answers reach every index the test answers use
     assert t.max_digits + 1 + m.abacus_max_offset >= t.eval_max_digits + 1
     if scale == "cpu":  # the sizing: 4 layers, d_model 128, 3000 steps, <= 5 / 10 x 10
-        assert (cfg.model.n_layers, cfg.model.d_model, cfg.trainer.max_steps) == (4, 128, 3000)
+        assert (cfg.model.n_layers, cfg.model.d_model, cfg.trainer.max_steps, cfg.optim.lr) == (4, 128, 2000, 3e-4)
         assert (t.max_digits, t.eval_max_digits, t.examples_per_cell) == (5, 10, 100)
         assert cfg.model.abacus_max_offset == 10
