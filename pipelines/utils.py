@@ -5,6 +5,7 @@ Hydra and W&B are handled here and in the entry points only; ``tape/`` never imp
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import logging
@@ -17,7 +18,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
@@ -641,3 +642,11 @@ def resolve_ckpt_path(cfg: DictConfig, run_dir: Path) -> Path | None:
             )
     check_resumable(cfg, path)
     return path
+
+
+def write_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str], path: Path) -> None:
+    """A new CSV file (never overwritten) with ``fields`` as columns: a task's tidy results."""
+    with open(path, "x", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)

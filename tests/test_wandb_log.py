@@ -72,7 +72,8 @@ def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: P
     predictions with references and scores: whatever a task wrote, W&B gets as a table."""
     from lightning.pytorch.loggers import WandbLogger
 
-    from pipelines.tasks.context_extension.report import PASSKEY_FIELDS, plot_passkey, write_csv
+    from pipelines.tasks.context_extension.report import PASSKEY_FIELDS, plot_passkey
+    from pipelines.utils import write_csv
     from pipelines.tasks.scrolls import write_scored_predictions
 
     run_dir = tmp_path / "run"

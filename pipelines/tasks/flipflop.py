@@ -4,7 +4,6 @@ sparsity -> flipflop.csv and metrics ``read_error_<sparsity>_<m>x`` (%), ``read_
 
 from __future__ import annotations
 
-import csv
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config
+from pipelines.utils import PipelineConfigError, check_position_range, model_config, write_csv
 from tape.data.flipflop import LOSS_ON, VOCAB_SIZE, eval_set, read_mask
 from tape.lightning.flipflop import FlipFlopDataModule
 
@@ -85,9 +84,6 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
     primary = [int(m) for m in task_cfg.primary_multipliers]
     metrics["read_error_ood"] = float(np.mean([metrics[f"read_error_{m}x"] for m in primary]))
     model.train(was_training)
-    with open(out_dir / "flipflop.csv", "x", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, list(rows[0]), out_dir / "flipflop.csv")
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics

@@ -11,7 +11,6 @@ Two text sources (``task.corpus``):
 
 from __future__ import annotations
 
-import csv
 import logging
 import threading
 import time
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 from omegaconf import DictConfig
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config, require_int
+from pipelines.utils import PipelineConfigError, check_position_range, model_config, require_int, write_csv
 
 if TYPE_CHECKING:  # torch-based; imported where used, after the config checks
     from tape.data.text import TextData, TokenBlockStream
@@ -169,10 +168,7 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
         )
         metrics[f"ppl_{mult}x"] = out["perplexity"]
         rows.append({"multiplier": int(mult), "length": length, **out})
-    with open(out_dir / "perplexity.csv", "x", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, list(rows[0]), out_dir / "perplexity.csv")
     metrics.update(_e_movement(model, tokens, int(task_cfg.seq_len)))
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics

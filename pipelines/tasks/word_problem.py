@@ -8,7 +8,6 @@ group, so ``task.vocab_size: null`` is filled in by :func:`prepare` before valid
 
 from __future__ import annotations
 
-import csv
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config
+from pipelines.utils import PipelineConfigError, check_position_range, model_config, write_csv
 from tape.data.word_problem import GROUPS, Group, eval_set, get_group, model_inputs
 from tape.lightning.word_problem import WordProblemDataModule
 
@@ -107,9 +106,6 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
                      "sequence_accuracy": seq_acc})
     metrics["token_accuracy"] = metrics["token_accuracy_1x"]
     model.train(was_training)
-    with open(out_dir / "word_problem.csv", "x", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, list(rows[0]), out_dir / "word_problem.csv")
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics

@@ -27,13 +27,13 @@ from omegaconf import DictConfig
 
 from pipelines.tasks.context_extension.data import check_inputs, describe, load_data
 from pipelines.tasks.context_extension.report import (
-    PASSKEY_FIELDS, PPL_FIELDS, passkey_table, perplexity_table, plot_passkey, write_csv,
+    PASSKEY_FIELDS, PPL_FIELDS, passkey_table, perplexity_table, plot_passkey,
 )
 from pipelines.tasks.context_extension.stages import (
     DTYPES, base_stage, evaluate_stage, passkey_check, recipe_spec, recipe_stage,
 )
 from pipelines import wandb_log
-from pipelines.utils import PipelineConfigError, claim_run_dir, is_rank_zero, write_json_once
+from pipelines.utils import PipelineConfigError, claim_run_dir, is_rank_zero, write_csv, write_json_once
 from tape.hf.io import load_model
 from tape.hf.recipes import RECIPES
 

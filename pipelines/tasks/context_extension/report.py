@@ -3,20 +3,11 @@ passkey accuracy-vs-length plot (one line per method). Reads rows, never W&B."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any, Sequence
 
 PPL_FIELDS = ["method", "corpus", "length", "perplexity", "nll", "windows", "scored_tokens"]
 PASSKEY_FIELDS = ["method", "target_tokens", "n_garbage", "mean_tokens", "trials", "accuracy"]
-
-
-def write_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str], path: Path) -> None:
-    """A new CSV file (never overwritten) with ``fields`` as columns."""
-    with open(path, "x", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def _methods(rows: Sequence[dict[str, Any]]) -> list[str]:
