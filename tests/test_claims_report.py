@@ -16,8 +16,12 @@ from test_report import make_run
 TAPE_PE = {"name": "tape", "tape_attn_update": True, "tape_mlp_update": True, "tape_post_attn": "mix"}
 
 
-def config(task: str, pe: dict, paired: bool = True) -> dict:
-    return {"task": {"name": task, "seq_len": 64}, "pe": pe, "paired_init": paired}
+PRESET_STEPS = {"pretrain": 500, "flipflop": 400}  # the cpu presets' steps, which C2-C4 pin
+
+
+def config(task: str, pe: dict, paired: bool = True, steps: int | None = None) -> dict:
+    return {"task": {"name": task, "seq_len": 64}, "pe": pe, "paired_init": paired,
+            "trainer": {"max_steps": steps or PRESET_STEPS.get(task, 1000)}}
 
 
 def flipflop_metrics(ood: float) -> dict:
@@ -48,6 +52,9 @@ def build_runs(root: Path) -> Path:
         make_run(runs, "pretrain/cpu", "tape", seed, name,
                  {"task": "pretrain", "ppl_1x": ppl + 0.05 * rng.standard_normal()},
                  config("pretrain", TAPE_PE))
+        # RoPE trained longer (TAPE's compute): its own arm, never pooled into RoPE's
+        make_run(runs, "pretrain/cpu", "rope", seed, f"20261123-30000{seed}-cccccc-{seed}",
+                 {"task": "pretrain", "ppl_1x": ppl - 4.0}, config("pretrain", {"name": "rope"}, steps=550))
     make_run(runs, "flipflop/cpu", "alibi", 0, "20261123-100000-aaaaaa-9", flipflop_metrics(1.0),
              config("flipflop", {"name": "alibi"}))
     # an unpaired run (made before paired initialisation) never counts as a pair
@@ -156,6 +163,8 @@ def test_secondary_comparisons_listed(rendered: Path) -> None:
     ablation = next(r for r in every if "MLP update only" in r["comparison (Δ = first - second)"]
                     and r["our experiment and metric"].startswith("pretrain"))
     assert ablation["effect Δ [95 % CI]"] == "not run"  # pretrain has no ablation runs
+    compute = next(r for r in every if r["comparison (Δ = first - second)"] == "TAPE - RoPE at TAPE's compute (550 steps)")
+    assert compute["n paired seeds"] == "6" and abs(float(compute["effect Δ [95 % CI]"].split()[1]) - 4.0) < 0.1
 
 
 def test_flipflop_section_table_and_log_figure(rendered: Path) -> None:

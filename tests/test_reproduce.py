@@ -266,6 +266,10 @@ def test_cpu_profile_runs_every_claim_arm_primary_arms_at_six_seeds(tmp_path: Pa
     shared = by_name["C2+C4-tape"]  # one arm, two claims: run once
     assert shared.experiment == "pretrain/cpu" and shared.seeds == tuple(range(6))
     assert by_name["C4-tape_rowsum"].match["pe.tape_post_attn"] == "rowsum"
+    compute = by_name["C2-rope_pretrain_compute"]  # seeds_as_primary: a secondary arm at 6 seeds
+    assert compute.seeds == tuple(range(6)) and compute.tier == 0
+    assert "trainer.max_steps=550" in compute.overrides and "trainer.max_steps=500" not in compute.overrides
+    assert "trainer.max_steps=500" in by_name["C2-rope"].overrides
     assert all(s.match.get("paired_init") is True for s in steps)
     assert not any(s.experiment.startswith(("addition/", "scrolls/", "context_extension/")) for s in steps)
 

@@ -67,6 +67,7 @@ class Claim:
     valid: Mapping[str, float] = field(default_factory=dict)  # metric -> the least a valid seed has
     profiles: tuple[str, ...] = ()  # the reproduction profiles that run it (empty: every one)
     settings: Mapping[str, Any] = field(default_factory=dict)  # config values every arm's runs have
+    seeds_as_primary: tuple[str, ...] = ()  # other arms run at the primary arms' number of seeds
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,10 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
             if len(pair) != 2 or unknown:
                 raise ValueError(f"{path}: claim {c['id']}: comparison {list(pair)} must name two arms "
                                  f"of 'arms' ({sorted(arms)}); unknown: {unknown}")
+        outside = [a for a in c.get("seeds_as_primary") or [] if not any(a in pair for pair in pairs)]
+        if outside:
+            raise ValueError(f"{path}: claim {c['id']}: seeds_as_primary {outside} must be arms of "
+                             f"its comparisons")
         if c["metric"] not in metrics:
             raise ValueError(f"{path}: claim {c['id']}: metric {c['metric']!r} is not under 'metrics' "
                              f"({sorted(metrics)})")
@@ -116,7 +121,8 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
                             note=c.get("note", ""), also=tuple(c.get("also") or ()),
                             valid={k: float(v) for k, v in (c.get("valid") or {}).items()},
                             profiles=tuple(c.get("profiles") or ()),
-                            settings=dict(c.get("settings") or {})))
+                            settings=dict(c.get("settings") or {}),
+                            seeds_as_primary=tuple(c.get("seeds_as_primary") or ())))
     return ClaimsConfig(alpha=float(raw.get("alpha", 0.05)), metrics=metrics, arms=arms,
                         claims=tuple(claims), require=dict(raw.get("require") or {}))
 
