@@ -156,7 +156,7 @@ def test_margins_come_from_conf_claims_yaml(tmp_path: Path) -> None:
     assert (cfg.metrics["ppl_1x"].margin, cfg.metrics["ppl_1x"].better) == (1.0, "lower")
     assert (cfg.metrics["ood_accuracy"].margin, cfg.metrics["ood_accuracy"].better) == (2.0, "higher")
     assert (cfg.metrics["read_error_ood"].margin, cfg.metrics["read_error_ood"].better) == (0.2, "lower")
-    assert [c.id for c in cfg.claims] == ["C1", "C2", "C3", "C4", "C5"]
+    assert [c.id for c in cfg.claims] == ["C1", "C1b", "C2", "C3", "C4", "C5"]
     assert cfg.claims[2].primary == ("tape", "rope")
     raw = yaml.safe_load(Path("conf/claims.yaml").read_text())
     raw["metrics"]["ppl_1x"]["margin"] = 5.0

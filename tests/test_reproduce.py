@@ -259,10 +259,10 @@ def finish_arm(runs: Path, experiment: str, pe: str, seed: int, name: str, confi
 def test_cpu_profile_runs_every_claim_arm_primary_arms_at_six_seeds(tmp_path: Path) -> None:
     steps = plan("cpu", runs_dir=tmp_path / "runs")
     by_name = {s.name: s for s in steps}
-    assert by_name["C1-tape_abacus"].seeds == tuple(range(6)) and by_name["C1-tape_abacus"].tier == 0
-    assert by_name["C1-nope_abacus"].seeds == tuple(range(2)) and by_name["C1-nope_abacus"].tier == 1
-    assert "model.abacus=true" in by_name["C1-rope_abacus"].overrides
-    assert "model.abacus=false" in by_name["C1-rope_plain"].overrides
+    assert by_name["C1+C1b-tape_abacus"].seeds == tuple(range(6)) and by_name["C1+C1b-tape_abacus"].tier == 0
+    assert by_name["C1+C1b-nope_abacus"].seeds == tuple(range(2)) and by_name["C1+C1b-nope_abacus"].tier == 1
+    assert "model.abacus=true" in by_name["C1+C1b-rope_abacus"].overrides
+    assert "model.abacus=false" in by_name["C1+C1b-rope_plain"].overrides
     shared = by_name["C2+C4-tape"]  # one arm, two claims: run once
     assert shared.experiment == "pretrain/cpu" and shared.seeds == tuple(range(6))
     assert by_name["C4-tape_rowsum"].match["pe.tape_post_attn"] == "rowsum"
@@ -284,8 +284,8 @@ def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> 
     finish(runs, "addition_c1/cpu", "rope", 2, "20261123-000003-aaaaaa")  # no config: unknown arm
     by_name = {s.name: s for s in plan("cpu", runs_dir=runs)}
     found = find_runs(runs)
-    abacus = [seed for _, _, seed in pending(by_name["C1-rope_abacus"], found)]
-    plain = [seed for _, _, seed in pending(by_name["C1-rope_plain"], found)]
+    abacus = [seed for _, _, seed in pending(by_name["C1+C1b-rope_abacus"], found)]
+    plain = [seed for _, _, seed in pending(by_name["C1+C1b-rope_plain"], found)]
     assert abacus == [0, 2, 3, 4, 5] and plain == [1]
 
 
