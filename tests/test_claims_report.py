@@ -19,9 +19,9 @@ TAPE_PE = {"name": "tape", "tape_attn_update": True, "tape_mlp_update": True, "t
 PRESET_STEPS = {"pretrain": 500, "flipflop": 400}  # the cpu presets' steps, which C2-C4 pin
 
 
-def config(task: str, pe: dict, paired: bool = True, steps: int | None = None) -> dict:
+def config(task: str, pe: dict, paired: bool = True, steps: int | None = None, val_every: int = 100) -> dict:
     return {"task": {"name": task, "seq_len": 64}, "pe": pe, "paired_init": paired,
-            "trainer": {"max_steps": steps or PRESET_STEPS.get(task, 1000)}}
+            "trainer": {"max_steps": steps or PRESET_STEPS.get(task, 1000), "val_check_interval": val_every}}
 
 
 def flipflop_metrics(ood: float) -> dict:
@@ -54,7 +54,7 @@ def build_runs(root: Path) -> Path:
                  config("pretrain", TAPE_PE))
         # RoPE trained longer (TAPE's compute): its own arm, never pooled into RoPE's
         make_run(runs, "pretrain/cpu", "rope", seed, f"20261123-30000{seed}-cccccc-{seed}",
-                 {"task": "pretrain", "ppl_1x": ppl - 4.0}, config("pretrain", {"name": "rope"}, steps=550))
+                 {"task": "pretrain", "ppl_1x": ppl - 4.0}, config("pretrain", {"name": "rope"}, steps=550, val_every=110))
     make_run(runs, "flipflop/cpu", "alibi", 0, "20261123-100000-aaaaaa-9", flipflop_metrics(1.0),
              config("flipflop", {"name": "alibi"}))
     # an unpaired run (made before paired initialisation) never counts as a pair
