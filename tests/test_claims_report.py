@@ -274,3 +274,17 @@ def test_runs_without_the_claims_settings_do_not_count(tmp_path: Path) -> None:
     render(runs, tmp_path / "results")
     c1 = rows(tmp_path / "results" / "tables" / "claims.csv")["C1"]
     assert c1["n paired seeds"] == "0" and c1["effect Δ [95 % CI]"] == "not run"
+
+
+def test_digit_curve_reads_the_answer_digits(tmp_path: Path) -> None:
+    """C1b's figure: digit accuracy by length, from the grid's digits / digits_correct columns."""
+    from tape.report.claim_figures import METRIC_CURVES, addition_curve
+    from tape.report.runs import find_runs
+
+    grid = "len_a,len_b,n,correct,digits,digits_correct\n1,1,10,10,20,20\n1,2,10,0,30,24\n2,2,10,2,30,12\n"
+    make_run(tmp_path, "addition_c1/cpu", "tape", 0, "20261123-100000-aaaaaa-0", {"task": "addition"},
+             c1_config(TAPE_PE, abacus=True), {"grid.csv": grid})
+    (run,) = find_runs(tmp_path)
+    digits = METRIC_CURVES["ood_digit_accuracy"][0](run)
+    assert digits == {1: 100.0, 2: pytest.approx(100 * 36 / 60)}
+    assert addition_curve(run) == {1: 100.0, 2: pytest.approx(100 * 2 / 20)}  # whole sums differ

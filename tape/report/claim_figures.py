@@ -25,19 +25,26 @@ from tape.report.runs import Run
 Curve = dict[int, float]
 
 
-def addition_curve(run: Run) -> Curve:
-    """Exact match (%) by the longer operand's digit count, pooled over the grid's cells."""
-    path = artifact(run, "grid.csv")
-    if path is None:
-        return {}
-    n: dict[int, int] = {}
-    correct: dict[int, int] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            length = max(int(row["len_a"]), int(row["len_b"]))
-            n[length] = n.get(length, 0) + int(row["n"])
-            correct[length] = correct.get(length, 0) + int(row["correct"])
-    return {k: 100.0 * correct[k] / n[k] for k in sorted(n) if n[k]}
+def grid_curve(correct_key: str, total_key: str) -> Callable[[Run], Curve]:
+    """Accuracy (%) by the longer operand's digit count from the addition grid.csv, pooled over
+    the cells: whole sums (correct / n) or answer digits (digits_correct / digits)."""
+
+    def curve(run: Run) -> Curve:
+        path = artifact(run, "grid.csv")
+        if path is None:
+            return {}
+        total: dict[int, int] = {}
+        correct: dict[int, int] = {}
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                length = max(int(row["len_a"]), int(row["len_b"]))
+                total[length] = total.get(length, 0) + int(row[total_key])
+                correct[length] = correct.get(length, 0) + int(row[correct_key])
+        return {k: 100.0 * correct[k] / total[k] for k in sorted(total) if total[k]}
+    return curve
+
+
+addition_curve = grid_curve("correct", "n")  # exact match by length
 
 
 def multiple_curve(pattern: str) -> Callable[[Run], Curve]:
@@ -61,6 +68,11 @@ TASK_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
     "word_problem": (multiple_curve(r"token_accuracy_(\d+)x"), "evaluation length / training length",
                      "prefix-product token accuracy (%)", False),
 }
+# a claim metric read from the same task another way (C1b: C1's addition runs, digit by digit)
+METRIC_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
+    "ood_digit_accuracy": (grid_curve("digits_correct", "digits"), "digits of the longer operand",
+                           "digit accuracy (%)", False),
+}
 FLOOR = 0.01  # a zero error drawn on a log scale
 
 
@@ -74,11 +86,13 @@ def interval(values: np.ndarray) -> tuple[float, float, float]:
 
 
 def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, list[Run]],
-                 task: str, train_length: int | None = None) -> Figure | None:
-    """The figure of one claim (None when its task has no curve or no arm has a run)."""
-    if task not in TASK_CURVES or not any(arms.values()):
+                 task: str, train_length: int | None = None, metric: str = "") -> Figure | None:
+    """The figure of one claim (None when its task has no curve or no arm has a run); a
+    ``metric`` of METRIC_CURVES picks its own curve, else the task's."""
+    spec = METRIC_CURVES.get(metric) or TASK_CURVES.get(task)
+    if spec is None or not any(arms.values()):
         return None
-    curve_of, xlabel, ylabel, log = TASK_CURVES[task]
+    curve_of, xlabel, ylabel, log = spec
     fig = MplFigure(figsize=(6.4, 4.0))
     FigureCanvasAgg(fig)
     ax = fig.subplots()

@@ -325,7 +325,7 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
         runs_ = [run for rs in arms.values() for run in rs]
         task = runs_[0].task if runs_ else ""
         train = _train_digits(runs_) if task == "addition" else None
-        fig = claim_figure(ctx, r.claim.id, r.claim.title, arms, task, train)
+        fig = claim_figure(ctx, r.claim.id, r.claim.title, arms, task, train, r.claim.metric)
         if fig is not None:
             figures.append(fig)
     return Section(title="Claims", tables=tables, figures=figures)
