@@ -106,6 +106,16 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
         extend(extend_cfg(tmp_path, data_dir, name="again"))  # a run directory is never reused
 
 
+def test_base_only_run_sizes_the_base(tmp_path, data_dir):
+    """extend.recipes=[] trains and evaluates the base alone (sizing it: does it retrieve at C?);
+    its tables have no extended model to mark best."""
+    metrics = extend(extend_cfg(tmp_path, data_dir, "extend.recipes=[]"))
+    run = Path(tmp_path / "runs" / "run")
+    assert {r["method"] for r in _read_csv(run / "passkey.csv")} == {"base"}
+    assert "**" not in (run / "tables.md").read_text()
+    assert "base_passkey_at_context" in metrics and not any(k.startswith("time_train_") for k in metrics)
+
+
 def test_smoke_in_bf16_mixed_with_bf16_frozen_weights(tmp_path, data_dir):
     """The paper preset's precision on CPU: autocast, frozen weights stored in bf16, LoRA merged
     into bf16 weights, TAPE saved beside them; evaluation runs in bf16 and stays finite."""

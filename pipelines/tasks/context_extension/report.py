@@ -20,9 +20,10 @@ def perplexity_table(rows: Sequence[dict[str, Any]]) -> str:
     value = {(r["method"], r["corpus"], r["length"]): r["perplexity"] for r in rows}
     lines = ["| method | " + " | ".join(f"{c} {n}" for c, n in cols) + " |",
              "|---|" + "---|" * len(cols)]
+    # bold: the best extended model per column (none in a base-only run, extend.recipes=[])
+    best = {c: min((value[(k, *c)] for k in _methods(rows) if (k, *c) in value and k != "base"), default=None)
+            for c in cols}
     for m in _methods(rows):
-        best = {c: min(value[(k, *c)] for k in _methods(rows) if (k, *c) in value and k != "base")
-                for c in cols}
         cells = [f"**{value[(m, *c)]:.3f}**" if m != "base" and value.get((m, *c)) == best[c]
                  else f"{value[(m, *c)]:.3f}" if (m, *c) in value else "" for c in cols]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
