@@ -148,7 +148,8 @@ def select_claims(cfg: ClaimsConfig, only: Sequence[str]) -> ClaimsConfig:
 def claim_steps(cfg: ClaimsConfig, primary_seeds: int, other_seeds: int) -> list[Step]:
     """One step per (experiment, arm) of the claims: the arm's PE and config values as overrides,
     ``primary_seeds`` seeds for an arm of some claim's primary comparison or its
-    ``seeds_as_primary`` (tier 0), else ``other_seeds`` (tier 1). An arm two claims share (pretrain/cpu TAPE: C2 and C4) runs once."""
+    ``seeds_as_primary`` (tier 0), else ``other_seeds`` (tier 1). An arm two claims share
+    (pretrain/cpu TAPE: C2 and C4) runs once."""
     steps: dict[tuple[str, str], Step] = {}
     for claim in cfg.claims:
         for name in dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair):

@@ -166,6 +166,11 @@ def test_margins_come_from_conf_claims_yaml(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match="no_such_arm"):
         load_claims(tmp_path / "bad.yaml")
+    raw["claims"][0]["primary"] = ["tape_abacus", "rope_abacus"]
+    raw["claims"][0]["seeds_as_primary"] = ["alibi"]  # an arm outside the claim's comparisons
+    (tmp_path / "bad2.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="seeds_as_primary"):
+        load_claims(tmp_path / "bad2.yaml")
 
 
 def test_metric_spec_rejects_bad_direction_and_margin() -> None:
