@@ -308,7 +308,9 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
         "scale; every other column is ours, at the scale in the experiment's name.",
         *(f"{r.claim.id}: {r.claim.note}." for r in results if r.claim.note),
         "All of them: `make reproduce-table` (PROFILE=cpu: the arms of each primary comparison at "
-        "6 paired seeds, the other arms at 2, which describe them but cannot give a verdict; "
+        "6 paired seeds, as are the compute-matched arms, the other arms at 2: with fewer than 6 "
+        "pairs the sign-flip test cannot find a difference, so their verdicts are *equivalent* (a "
+        "90 % interval inside the margin even from 2 pairs) or *inconclusive*; "
         "pipelines/reproduce.py). Per claim: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
     ]
     runs = list({run.path: run for r in results for run in r.runs}.values())  # an arm may serve two claims
