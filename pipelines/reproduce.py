@@ -152,7 +152,7 @@ def claim_steps(cfg: ClaimsConfig, primary_seeds: int, other_seeds: int) -> list
     (pretrain/cpu TAPE: C2 and C4) runs once."""
     steps: dict[tuple[str, str], Step] = {}
     for claim in cfg.claims:
-        for name in dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair):
+        for name in claim.arm_names:
             arm = cfg.arms[name]
             tier = 0 if name in claim.primary or name in claim.seeds_as_primary else 1
             key = (claim.experiment, name)
@@ -163,11 +163,12 @@ def claim_steps(cfg: ClaimsConfig, primary_seeds: int, other_seeds: int) -> list
                                      tier=min(old.tier, tier),
                                      seeds=old.seeds if old.tier <= tier else tuple(range(primary_seeds)))
                 continue
+            values = {**claim.settings, **arm.match}  # the arm's own values win (compute-matched arms)
             steps[key] = Step(
                 name=f"{claim.id}-{name}", entry="pipelines.train", experiment=claim.experiment,
                 pes=(arm.pe,), seeds=tuple(range(primary_seeds if tier == 0 else other_seeds)),
-                overrides=tuple(f"{k}={_override(v)}" for k, v in {**claim.settings, **arm.match}.items()),
-                match={**cfg.require, **claim.settings, **arm.match}, tier=tier,
+                overrides=tuple(f"{k}={_override(v)}" for k, v in values.items()),
+                match={**cfg.require, **values}, tier=tier,
                 minutes=RUN_MINUTES.get(claim.experiment, 0.0))
     return list(steps.values())
 

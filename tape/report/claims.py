@@ -69,6 +69,11 @@ class Claim:
     settings: Mapping[str, Any] = field(default_factory=dict)  # config values every arm's runs have
     seeds_as_primary: tuple[str, ...] = ()  # other arms run at the primary arms' number of seeds
 
+    @property
+    def arm_names(self) -> list[str]:
+        """Every arm of the claim's comparisons, primary first, each once."""
+        return list(dict.fromkeys(a for pair in (self.primary, *self.secondary) for a in pair))
+
 
 @dataclass(frozen=True)
 class ClaimsConfig:
@@ -162,10 +167,10 @@ class ClaimResult:
 
 def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimResult:
     metric = cfg.metrics[claim.metric]
+    require = {**cfg.require, **claim.settings}  # what a run of any of the claim's arms must have
     values, used, arm_runs, invalid = {}, [], {}, {}
-    for name in dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair):
-        values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, claim.metric,
-                                         {**cfg.require, **claim.settings})
+    for name in claim.arm_names:
+        values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, claim.metric, require)
         used += found
         arm_runs[name] = found
         invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid)}
@@ -177,7 +182,7 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
     arms = [cfg.arms[name] for name in values]
     unpaired = sum(1 for r in runs if r.finished and r.experiment == claim.experiment
                    and any(a.matches(r, claim.settings) for a in arms)
-                   and not any(a.matches(r, {**cfg.require, **claim.settings}) for a in arms))
+                   and not any(a.matches(r, require) for a in arms))
     return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used, unpaired, arm_runs, dropped)
 
 
@@ -259,8 +264,7 @@ def arm_table(results: list[ClaimResult], cfg: ClaimsConfig) -> Table:
     rows = []
     for result in results:
         claim = result.claim
-        names = dict.fromkeys(a for pair in (claim.primary, *claim.secondary) for a in pair)
-        for name in names:
+        for name in claim.arm_names:
             runs = _arm_runs(result, name)
             if not runs:
                 continue

@@ -110,6 +110,8 @@ def build(ctx: Context, scale: str) -> Section:
     unfinished = g.unfinished if g else []
     stamp = provenance_line(finished, ctx.stamp)
     section = Section(title=f"Context extension ({scale})")
+    # seeds whose base retrieves at its own context: the only ones the passkey table and figure use
+    valid = [r for r in finished if (r.metrics or {}).get("base_retrieves") is not False]
     if variants:
         section.paragraphs.append(
             f"{len(variants)} run(s) with passkey rows mixed into the extension "
@@ -121,7 +123,6 @@ def build(ctx: Context, scale: str) -> Section:
         section.paragraphs.append(f"Ours: {why} (`python -m pipelines.extend "
                                   f"experiment=context_extension/{scale}`).")
     else:
-        valid = [r for r in finished if (r.metrics or {}).get("base_retrieves") is not False]
         section.paragraphs += _notes(finished) + setting_notes(groups, compared=None)
         section.tables += [_ppl_table(finished, scale, stamp)]
         if valid:
@@ -131,8 +132,7 @@ def build(ctx: Context, scale: str) -> Section:
                                       "its own context's passkeys), so no passkey table.")
     section.tables += [_paper_ppl_table(), _paper_passkey_table()]
     path, rel = ctx.figure_path(f"passkey_{scale}.png")
-    save_png(_passkey_figure([r for r in finished if (r.metrics or {}).get("base_retrieves") is not False], scale),
-             path, overwrite=True)
+    save_png(_passkey_figure(valid, scale), path, overwrite=True)
     section.figures.append(Figure(rel, f"Passkey retrieval: ours ({scale} scale, left) beside "
                                        "the paper's Fig. 3 values (Llama-2-7B, right)"))
     return section
