@@ -289,7 +289,24 @@ def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> 
     assert abacus == [0, 2, 3, 4, 5] and plain == [1]
 
 
-def test_claim_runs_start_seed_by_seed_primary_arms_first(tmp_path: Path) -> None:
+class InOrderPool:
+    """ThreadPoolExecutor's map, one item after another in submission order: two real workers
+    may reach the runner in either order, which would make a test of the launch order flaky."""
+
+    def __init__(self, max_workers: int) -> None:
+        self.max_workers = max_workers
+
+    def __enter__(self) -> "InOrderPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def map(self, fn, items):  # noqa: ANN001, ANN201
+        return [fn(item) for item in items]
+
+
+def test_claim_runs_start_seed_by_seed_primary_arms_first(tmp_path: Path, monkeypatch) -> None:
     runs = tmp_path / "runs"
     launched: list[list[str]] = []
 
@@ -297,6 +314,7 @@ def test_claim_runs_start_seed_by_seed_primary_arms_first(tmp_path: Path) -> Non
         launched.append(launch.argv)
         return 0
 
+    monkeypatch.setattr(reproduce, "ThreadPoolExecutor", InOrderPool)  # the order items are handed out
     execute(plan("cpu", runs_dir=runs), runs, record, log=lambda _: None, jobs=1 + 1)
     seeds = [int(next(a for a in argv if a.startswith("seed="))[5:]) for argv in launched]
     n_primary = sum(len(s.seeds) for s in plan("cpu") if s.tier == 0)
