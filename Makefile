@@ -36,8 +36,8 @@ bench:  ## Efficiency benchmark (CPU, ~25 min): writes runs/benchmark/cpu/effici
 reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~2 h on 2 cores), tables (the paper's tables at cpu scale, SEEDS="0 1"), cpu-full (both, 8 seeds) or print PROFILE=paper's commands; JOBS=2 runs at once; skips finished runs; then renders results/
 	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS) --seeds $(SEEDS) $(if $(CLAIMS),--claims $(CLAIMS))
 
-report:  ## Render results/ from runs/ (never W&B); refuses to replace numbers with "not run" (REPORT_ARGS=--carry-over keeps sections whose runs are elsewhere; --render-empty)
-	$(BIN)/python -m pipelines.report $(REPORT_ARGS)
+report:  ## Render results/ from the committed records in results/records (never W&B); your own runs: make report RUNS=runs OUT=runs/report
+	$(BIN)/python -m pipelines.report $(if $(RUNS),--runs $(RUNS)) $(if $(OUT),--out $(OUT)) $(REPORT_ARGS)
 
 notebook:  ## Execute notebooks/results.ipynb on results/; the copy with its figures goes to runs/notebook/
 	mkdir -p runs/notebook

@@ -1,6 +1,9 @@
-"""Render results/ from the run directories (never W&B):
-``python -m pipelines.report [--runs runs] [--out results] [--scale cpu --scale paper]
-[--carry-over | --render-empty]``.
+"""Render results/ from the committed run records (never W&B):
+``python -m pipelines.report [--runs <out>/records] [--out results] [--scale cpu --scale paper]
+[--carry-over | --render-empty]``; render your own runs elsewhere with
+``--runs runs --out runs/report``. ``--add-records`` first exports the finished runs under
+``--runs`` (not smoke or ad-hoc ones) as records under <out>/records/ (tape/report/records.py),
+never overwriting one.
 
 Refuses (exit 1, writing nothing) when a rendered scale has no finished run, or when a number
 in the output's runs.csv has no finished run behind it any more (a fresh clone has no runs/):
@@ -21,13 +24,15 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from tape.report.records import RecordConflict, export_all
 from tape.report.render import WouldLoseResults, render
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pipelines.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=Path, default=Path("runs"), help="run directories (default: runs)")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="run directories or records (default: <out>/records, the committed records)")
     parser.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results)")
     parser.add_argument("--scale", action="append", dest="scales", metavar="SCALE",
                         help="render this scale (repeatable); default: cpu and every scale found "
@@ -35,6 +40,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--carry-over", action="store_true",
                         help="keep the previous render's section, tables, figures and runs.csv rows "
                              "of each experiment whose numbers the runs under --runs would drop")
+    parser.add_argument("--add-records", action="store_true",
+                        help="export the finished runs under --runs to <out>/records/ first (never "
+                             "overwriting a record), then render from the records")
     parser.add_argument("--render-empty", action="store_true",
                         help="render even where that writes \"not run\" over existing numbers")
     return parser.parse_args(argv)
@@ -42,6 +50,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    records = args.out / "records"
+    args.runs = args.runs or records
+    if args.add_records and args.runs.resolve() != records.resolve():
+        try:
+            added = export_all(args.runs, records)
+        except RecordConflict as err:
+            print(f"pipelines.report: {err}", file=sys.stderr)
+            return 1
+        print(f"records: {len(added)} new under {records}/")
+        args.runs = records
     try:
         done = render(args.runs, args.out, args.scales, allow_empty=args.render_empty,
                       carry_over=args.carry_over)

@@ -44,7 +44,8 @@ from tape.data.scrolls import ScrollsDataError, local_files
 from tape.report.claims import ClaimsConfig, load_claims, lookup
 from tape.report.paper import ADDITION_PES, PRETRAIN_PES, SCROLLS_ORDER, SCROLLS_PES
 from tape.report.render import WouldLoseResults, render
-from tape.report.runs import Run, find_runs, latest_finished
+from tape.report.records import RecordConflict, export_all, finished_runs
+from tape.report.runs import Run, latest_finished
 
 PROFILES = ("cpu", "tables", "cpu-full", "paper")
 # Paired seeds per claim arm: (arms of a primary comparison, every other arm). The cpu profile's
@@ -315,17 +316,43 @@ def run_command(launch: Launch) -> int:
         return subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where a reproduction's runs go and where their records are kept (None: no records)."""
+
+    runs: Path
+    records: Path | None = None
+
+    def finished(self) -> list[Run]:
+        """The runs under runs/ and the records (a run and its record once)."""
+        return finished_runs(self.runs, *([self.records] if self.records else []))
+
+    def record(self, log: Callable[[str], None]) -> None:
+        """Write the record of every finished run under runs/ that has none yet."""
+        if self.records is None or not self.runs.is_dir():
+            return
+        try:
+            for path in export_all(self.runs, self.records):
+                log(f"record: {path}")
+        except RecordConflict as err:
+            log(f"record: {err}")
+
+
 def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
-            dry_run: bool = False, log: Callable[[str], None] = print, jobs: int = 1) -> list[Outcome]:
+            dry_run: bool = False, log: Callable[[str], None] = print, jobs: int = 1,
+            records_dir: Path | None = None) -> list[Outcome]:
     """Run each step's unfinished runs, never re-running a finished one: one step after the
     other as Hydra multiruns (``jobs`` = 1), or ``jobs`` single runs at a time. Every run of
-    one call logs to one W&B group, ``reproduce-<time>`` (conf/logger/wandb.yaml)."""
+    one call logs to one W&B group, ``reproduce-<time>`` (conf/logger/wandb.yaml). A run with a
+    record under ``records_dir`` counts as finished; each finished run's record is written there
+    as soon as its command returns."""
+    where = Where(runs_dir, records_dir)
     group = {WANDB_GROUP_VAR: f"reproduce-{time.strftime('%Y%m%d-%H%M%S')}"}
     if jobs > 1:
-        return _execute_parallel(steps, runs_dir, runner, jobs, dry_run, log, group)
+        return _execute_parallel(steps, where, runner, jobs, dry_run, log, group)
     outcomes = []
     for step in steps:
-        out, todo = _start(step, runs_dir, log)
+        out, todo = _start(step, where, log)
         outcomes.append(out)
         if todo:
             t0 = time.perf_counter()
@@ -333,22 +360,23 @@ def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
                 log(f"[{step.name}] {'would run' if dry_run else 'running'}: {shlex.join(argv)}")
                 if not dry_run:
                     out.returncodes.append(runner(Launch(argv, env=group)))
+                    where.record(log)
                     if out.returncodes[-1]:
                         log(f"[{step.name}] exited with {out.returncodes[-1]}; going on with the next command")
             out.wall_s = time.perf_counter() - t0
-        _finish(out, todo, runs_dir)
+        _finish(out, todo, where)
     return outcomes
 
 
-def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, jobs: int,
+def _execute_parallel(steps: Sequence[Step], where: Where, runner: Runner, jobs: int,
                       dry_run: bool, log: Callable[[str], None], env: dict[str, str]) -> list[Outcome]:
     """Waves in order; inside a wave ``jobs`` runs at once (cpu_count // jobs threads each),
     then the ``alone`` steps one by one with every thread."""
-    started = [_start(step, runs_dir, log) for step in steps]
-    lock = threading.Lock()
+    started = [_start(step, where, log) for step in steps]
+    lock, record_lock = threading.Lock(), threading.Lock()
     log = _serialised(log, lock)  # one whole line at a time from the worker threads
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    log_dir = runs_dir / "reproduce-logs"
+    log_dir = where.runs / "reproduce-logs"
     spans: dict[str, list[float]] = {}
 
     def launch(item: tuple[Outcome, str, list[str]]) -> None:
@@ -362,6 +390,8 @@ def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, job
         t0 = time.perf_counter()
         code = runner(Launch(argv, None if alone else threads, path, env))
         t1 = time.perf_counter()
+        with record_lock:  # one export at a time; log takes `lock` itself
+            where.record(log)
         with lock:
             out.returncodes.append(code)
             span = spans.setdefault(out.step.name, [t0, t1])
@@ -382,7 +412,7 @@ def _execute_parallel(steps: Sequence[Step], runs_dir: Path, runner: Runner, job
     for out, todo in started:
         first, last = spans.get(out.step.name, (0.0, 0.0))
         out.wall_s = last - first
-        _finish(out, todo, runs_dir)
+        _finish(out, todo, where)
     return [out for out, _ in started]
 
 
@@ -404,7 +434,7 @@ def _serialised(log: Callable[[str], None], lock: threading.Lock) -> Callable[[s
     return locked
 
 
-def _start(step: Step, runs_dir: Path, log: Callable[[str], None]) -> tuple[Outcome, list]:
+def _start(step: Step, where: Where, log: Callable[[str], None]) -> tuple[Outcome, list]:
     """The step's outcome so far (what is skipped, or why it cannot run) and its runs to do."""
     out = Outcome(step, note=step.unavailable)
     if step.unavailable:
@@ -416,25 +446,25 @@ def _start(step: Step, runs_dir: Path, log: Callable[[str], None]) -> tuple[Outc
             log(f"[{step.name}] skipped: {step.done_file} exists (delete it to re-run)")
             return out, []
         return out, [step.done_file]
-    todo = pending(step, find_runs(runs_dir))
+    todo = pending(step, where.finished())
     out.skipped = total(step) - len(todo)
     log(f"[{step.name}] {out.skipped} finished run(s) skipped, {len(todo)} to run")
     return out, todo
 
 
-def _finish(out: Outcome, todo: list, runs_dir: Path) -> None:
+def _finish(out: Outcome, todo: list, where: Where) -> None:
     """Count what ran and what is still left once the step's commands have returned."""
     if out.step.done_file is not None:
         done = out.step.done_file.is_file()
         out.ran, out.left = (1, 0) if done and todo else (0, 0 if done else 1)
     elif todo:
-        left = pending(out.step, find_runs(runs_dir))
+        left = pending(out.step, where.finished())
         out.ran, out.left = len(todo) - len(left), len(left)
 
 
-def estimate(steps: Sequence[Step], runs_dir: Path, jobs: int) -> str:
+def estimate(steps: Sequence[Step], runs_dir: Path, jobs: int, records_dir: Path | None = None) -> str:
     """The expected wall time of the runs left, from each step's ``minutes`` (claims only)."""
-    runs = find_runs(runs_dir)
+    runs = Where(runs_dir, records_dir).finished()
     known = [(len(pending(s, runs)), s.minutes) for s in steps if s.minutes]
     unknown = [s.name for s in steps if not s.minutes and pending(s, runs)]
     minutes = sum(n * m for n, m in known) / max(1, jobs)
@@ -463,7 +493,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--claims", nargs="+", default=[], metavar="ID",
                    help="run only these claims of conf/claims.yaml (e.g. --claims C2 C3); default: all")
     p.add_argument("--runs", type=Path, default=Path("runs"))
-    p.add_argument("--out", type=Path, default=Path("results"))
+    p.add_argument("--out", type=Path, default=Path("results"),
+                   help="rendered results; the runs' records go to <out>/records/")
     p.add_argument("--scrolls-data", type=Path, default=Path("data/scrolls"),
                    help="local SCROLLS JSONL (<dataset>/{train,validation}.jsonl); datasets "
                         "missing there are not run at the cpu profile")
@@ -489,9 +520,11 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
                 print("  " + shlex.join(argv_))
     else:
         t0 = time.perf_counter()
-        outcomes = execute(steps, args.runs, runner, dry_run=args.dry_run, jobs=args.jobs)
+        records = args.out / "records"
+        outcomes = execute(steps, args.runs, runner, dry_run=args.dry_run, jobs=args.jobs,
+                           records_dir=records)
         if args.dry_run:
-            print(estimate(steps, args.runs, args.jobs))
+            print(estimate(steps, args.runs, args.jobs, records))
         print(summary(outcomes))
         print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
     if not args.no_report and not args.dry_run:
@@ -499,9 +532,9 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         if publish_benchmark(args.runs, scale, args.out):
             print(f"benchmark: {bench_dir(args.runs, scale)}/efficiency.{{md,json}} copied to {args.out}/")
         try:
-            # cpu and every other scale that has runs; sections whose runs are on another machine
-            # (runs/ is not committed) are carried over from the previous render, never lost
-            done = render(args.runs, args.out, carry_over=True)
+            # from the records (the runs of this call and every committed one); sections with no
+            # record yet are carried over from the previous render, never lost
+            done = render(args.out / "records", args.out, carry_over=True)
         except WouldLoseResults as err:
             print(f"report: not rendered, {args.out}/ left as it was: {err}", file=sys.stderr)
             return 1

@@ -251,7 +251,7 @@ def test_latex_csv_markdown_and_provenance(rendered: tuple[Path, Path]) -> None:
     assert "Provenance: 3 run(s) at commit(s) 0123456789ab" in md  # addition: rope 0, 1 and tape 0
     assert "`python -m pipelines.train experiment=addition/cpu pe=rope seed=0`" in md
     assert "ran on: 2 CPU cores, Test CPU, Linux x86_64;" in md
-    assert "CPU cores" in md and "rendered at commit" in md
+    assert "CPU cores" in md and "rendered by" in md
     assert "[efficiency.md](efficiency.md)" in md
     inventory = list(csv.DictReader(open(out / "runs.csv")))
     assert len(inventory) == 10
@@ -412,8 +412,9 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_make_report_in_a_fresh_clone_refuses_and_changes_nothing(tmp_path: Path) -> None:
-    """Issue 14.1: a clone has the committed results/ but no runs/ (gitignored)."""
+def test_make_report_without_records_refuses_and_changes_nothing(tmp_path: Path) -> None:
+    """Issue 14.1: results/ whose records are missing (runs/ is gitignored; issue 22 commits the
+    records) is never rendered over."""
     import os
     import shutil
     import subprocess
@@ -421,15 +422,16 @@ def test_make_report_in_a_fresh_clone_refuses_and_changes_nothing(tmp_path: Path
     recipe = re.search(r"^report:.*\n\t(.+)$", (REPO / "Makefile").read_text(), flags=re.M).group(1)
     assert recipe.startswith("$(BIN)/python -m pipelines.report")
     shutil.copytree(REPO / "results", tmp_path / "results")
+    shutil.rmtree(tmp_path / "results" / "records", ignore_errors=True)
     before = _snapshot(tmp_path / "results")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-m", "pipelines.report"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert f"no finished run at scale cpu under {tmp_path / 'runs'}" in out.stderr
+    assert f"no finished run at scale cpu under {tmp_path / 'results' / 'records'}" in out.stderr
     assert "--render-empty" in out.stderr and "Traceback" not in out.stderr
     assert _snapshot(tmp_path / "results") == before
-    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results" / "records").exists()
 
 
 def test_report_refuses_to_drop_a_committed_pe_but_renders_empty_when_asked(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -353,3 +354,30 @@ def test_claims_can_be_chosen_and_an_unknown_id_is_refused(tmp_path: Path) -> No
     assert steps and {s.experiment for s in steps} == {"flipflop/cpu"}
     with pytest.raises(SystemExit, match="--claims C9: unknown"):
         reproduce.main(["--claims", "C9", "--dry-run", "--runs", str(tmp_path / "runs")])
+
+
+def test_records_are_written_as_runs_finish_and_count_as_finished(tmp_path: Path) -> None:
+    """Issue 22: each finished run leaves a record under <out>/records/ when its command returns;
+    a later reproduction with an empty runs/ (a fresh clone) skips what the records hold."""
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    records = out / "records"
+    steps = plan("tables", runs_dir=runs, scrolls_data=None)
+    seen: list[int] = []
+
+    class Counting(FakeRunner):
+        def __call__(self, launch: Launch) -> int:
+            seen.append(len(list(records.rglob("metrics.json"))) if records.is_dir() else 0)
+            return super().__call__(launch)
+
+    runner = Counting(runs, out, fail=("fire",))
+    execute(steps, runs, runner, log=lambda _: None, jobs=2, records_dir=records)
+    finished = [r for r in find_runs(runs) if r.finished]
+    assert len(find_runs(records)) == len(finished) >= 4 + 6  # addition, pretrain (fire failed), ...
+    assert runner.calls[-1].startswith("python -m pipelines.benchmark")
+    assert seen[-1] == len(finished)  # every record was there before the benchmark started
+    shutil.rmtree(runs)
+    again = FakeRunner(runs, out)
+    execute(steps, runs, again, log=lambda _: None, jobs=2, records_dir=records)
+    assert [c for c in again.calls if "pipelines.train" in c] == [  # only the runs that failed
+        "python -m pipelines.train experiment=addition/cpu pe=fire seed=0",
+        "python -m pipelines.train experiment=pretrain/cpu pe=fire seed=0"]

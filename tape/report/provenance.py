@@ -1,16 +1,18 @@
 """One provenance line per table: the runs' commits, launch times, machines and commands
-(command.txt), then the commit, date and machine of the rendering.
+(command.txt), runs made at a working tree with uncommitted changes flagged, then the rendering
+stamp. The stamp names no date, machine or commit, so that a render of the same records is the
+same bytes anywhere; it says when the rendering code itself had uncommitted changes.
 
 Runs made before command.txt recorded a machine are counted as "machine not recorded".
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 
-from tape.bench.machine import commit_label, machine_summary
+from tape.bench.machine import commit_label
 from tape.report.runs import Run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,10 +24,14 @@ def git_head(repo: Path = REPO) -> str:
     return _short(commit_label(repo))
 
 
-def render_stamp(now: datetime | None = None) -> str:
-    """Commit, date and machine of this rendering."""
-    when = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
-    return f"rendered at commit {git_head()} on {when}; machine: {machine_summary()}"
+DIRTY_RENDER = ("**rendered by code with uncommitted changes (+dirty): this render may not be "
+                "reproducible from any commit**")
+
+
+def render_stamp(commit: str | None = None) -> str:
+    """How this rendering was made: by committed code, or (flagged) by a dirty working tree."""
+    commit = git_head() if commit is None else commit
+    return DIRTY_RENDER if "+dirty" in commit else "rendered by committed code"
 
 
 def _short(commit: str) -> str:
@@ -57,7 +63,10 @@ def provenance_line(runs: Iterable[Run], stamp: str) -> str:
     more = f" (+{len(commands) - MAX_COMMANDS} more, see runs.csv)" if len(commands) > MAX_COMMANDS else ""
     when = f"launched {times[0]}" + (f" .. {times[-1]}" if len(times) > 1 else "") if times else ""
     machines = sorted({r.machine or "machine not recorded" for r in runs})
-    parts = [f"{len(runs)} run(s) at commit(s) {', '.join(commits)}", when,
+    dirty = sum("+dirty" in r.commit for r in runs)
+    flag = (f"**{dirty} of them made at a working tree with uncommitted changes (+dirty): "
+            "their code is not exactly any commit**" if dirty else "")
+    parts = [f"{len(runs)} run(s) at commit(s) {', '.join(commits)}", flag, when,
              f"ran on: {' | '.join(machines)}",
              f"command(s): {shown}{more}" if commands else "command.txt missing", stamp]
     return "; ".join(p for p in parts if p)

@@ -1,0 +1,153 @@
+"""Run records (tape/report/records.py): what a record keeps, that it is never overwritten, and
+that results/ renders from records alone, the same bytes wherever the records are.
+
+The runs are the report tests' fake run directories (made-up numbers that never leave tmp_path).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pipelines.report import main as report_main
+from tape.report.records import RecordConflict, export, export_all, finished_runs
+from tape.report.render import render
+from tape.report.runs import find_runs
+from tests.test_report import ADD_CFG, addition_metrics, build_runs, grid_csv, make_run
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_record_keeps_what_the_report_reads_and_nothing_else(tmp_path: Path) -> None:
+    runs = build_runs(tmp_path)
+    run_dir = runs / "addition/cpu/rope/0/20261122-205210-0835a8-0"  # has a wandb/ folder too
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"\0" * 4096)
+    (run_dir / "csv").mkdir()
+    (run_dir / "csv" / "metrics.csv").write_text("step,val/exact_match\n99,0.5\n")
+    for name, ppl in (("20261123-000000-dddddd", 10.0), ("20261124-000000-eeeeee", 12.0)):
+        ev = run_dir / "eval" / name
+        ev.mkdir(parents=True, exist_ok=True)
+        (ev / "metrics.json").write_text(f'{{"ppl_8x": {ppl}}}')
+    run = next(r for r in find_runs(runs) if r.path == run_dir)
+    dest, new = export(run, runs, tmp_path / "records")
+    assert new and dest == tmp_path / "records/addition/cpu/rope/0/20261122-205210-0835a8-0"
+    kept = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert kept == ["command.txt", "config.yaml", "csv/metrics.csv", "eval/20261124-000000-eeeeee/metrics.json",
+                    "grid.csv", "metrics.json"]
+    assert sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()) < 4096
+    again = next(r for r in find_runs(tmp_path / "records") if r.seed == 0 and r.pe == "rope")
+    assert again.metrics == run.metrics and again.config() == run.config()
+    assert again.metrics["ppl_8x"] == 12.0  # the newest evaluation fills what the run lacks
+    assert (again.experiment, again.commit, again.machine) == (run.experiment, run.commit, run.machine)
+
+
+def test_records_are_never_overwritten(tmp_path: Path) -> None:
+    runs = build_runs(tmp_path)
+    records = tmp_path / "records"
+    first = export_all(runs, records)
+    assert len(first) == 7  # finished, not smoke: 4 addition, pretrain, qasper, context extension
+    assert export_all(runs, records) == []  # identical records: nothing new, no error
+    target = runs / "pretrain/cpu/rope/0/20261122-220000-bbbbbb-0/metrics.json"
+    kept = (records / target.relative_to(runs)).read_text()
+    target.write_text(target.read_text().replace("50.0", "51.0"))
+    with pytest.raises(RecordConflict, match="never overwritten"):
+        export_all(runs, records)
+    assert (records / target.relative_to(runs)).read_text() == kept
+
+
+def test_unfinished_smoke_and_custom_runs_get_no_record(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    make_run(runs, "addition/smoke", "rope", 0, "20261122-205210-0835a8-0", addition_metrics(5.0), ADD_CFG)
+    make_run(runs, "custom", "rope", 0, "20261122-205210-0835a8-1", addition_metrics(5.0), ADD_CFG)
+    make_run(runs, "addition/cpu", "rope", 0, "20261122-205210-0835a8-2", None, ADD_CFG)
+    assert export_all(runs, tmp_path / "records") == []
+    unfinished = next(r for r in find_runs(runs) if not r.finished)
+    with pytest.raises(ValueError, match="unfinished"):
+        export(unfinished, runs, tmp_path / "records")
+
+
+def test_a_run_and_its_record_count_once(tmp_path: Path) -> None:
+    runs = build_runs(tmp_path)
+    export_all(runs, tmp_path / "records")
+    both = finished_runs(runs, tmp_path / "records")
+    assert len(both) == len(find_runs(runs))
+
+
+def _render_files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and "records" not in p.relative_to(out).parts}
+
+
+def test_a_render_from_records_is_the_same_bytes_wherever_they_are(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two copies of one records folder (two clones) render byte-identical results."""
+    runs = build_runs(tmp_path)
+    outs = []
+    for where in ("clone_a", "clone_b"):
+        out = tmp_path / where / "results"
+        export_all(runs, out / "records")
+        outs.append(out)
+        monkeypatch.chdir(tmp_path / where)
+        assert report_main([]) == 0  # --out results, --runs results/records
+    a, b = (_render_files(o) for o in outs)
+    assert a.keys() == b.keys() and "README.md" in a and any(k.endswith(".png") for k in a)
+    differ = [k for k in a if a[k] != b[k]]
+    assert differ == []
+    readme = a["README.md"].decode()
+    assert "rendered by committed code" in readme or "uncommitted changes (+dirty)" in readme
+    assert "/runs/" not in a["runs.csv"].decode()  # rows point at the records, not at runs/
+
+
+def test_add_records_exports_then_renders_from_the_records(tmp_path: Path) -> None:
+    runs = build_runs(tmp_path)
+    out = tmp_path / "results"
+    assert report_main(["--runs", str(runs), "--out", str(out), "--add-records"]) == 0
+    assert len(find_runs(out / "records")) == len(find_runs(runs)) - 3  # the 3 unfinished stay out
+    shutil.rmtree(runs)  # the runs are gone (a fresh clone): the records still render
+    before = _render_files(out)
+    assert report_main(["--out", str(out)]) == 0
+    after = _render_files(out)
+    assert after == before
+
+
+def test_dirty_runs_are_flagged_in_the_provenance(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = make_run(runs, "addition/cpu", "rope", 0, "20261122-205210-0835a8-0", addition_metrics(5.0),
+                   ADD_CFG, {"grid.csv": grid_csv({(1, 1): 10})})
+    text = (run / "command.txt").read_text().replace("0123456789abcdef0123", "0123456789abcdef0123+dirty")
+    (run / "command.txt").write_text(text)
+    render(runs, tmp_path / "out", allow_empty=True)
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "1 of them made at a working tree with uncommitted changes (+dirty)" in readme
+
+
+RENDERED_FROM_RECORDS = "python -m pipelines.report --runs results/records --out results"
+
+
+@pytest.mark.slow
+def test_a_fresh_clone_renders_results_byte_for_byte() -> None:
+    """The committed results/ come back byte for byte from the committed records in a clone."""
+    readme = (REPO / "results" / "README.md").read_text()
+    if RENDERED_FROM_RECORDS not in readme:
+        pytest.skip("results/README.md was not rendered from results/records (issue 22: the "
+                    "records of its runs are still being rerun)")
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    with tempfile.TemporaryDirectory() as tmp:
+        clone = Path(tmp) / "clone"
+        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(clone)], check=True)
+        args = RENDERED_FROM_RECORDS.split()[3:]
+        if readme.split(RENDERED_FROM_RECORDS, 1)[1].startswith(" --carry-over"):
+            args.append("--carry-over")
+        done = subprocess.run([sys.executable, "-m", "pipelines.report", *args], cwd=clone,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        changed = subprocess.run(["git", "status", "--porcelain", "results"], cwd=clone,
+                                 capture_output=True, text=True, check=True).stdout
+        assert changed == "", f"a fresh clone renders results/ differently:\n{changed}"
