@@ -2,17 +2,16 @@
 --profile P`` runs here, skipping finished runs (``paper`` only prints its Hydra multirun commands
 and renders whatever has finished). Profiles:
 
-- ``cpu``: the claims of conf/claims.yaml (issue 15: C1 arithmetic with and without Abacus, C2
-  language modelling and the ablation, C3 flip-flop retrieval, C4 the official row-sum post map),
-  each arm of a claim's primary comparison at CLAIM_SEEDS["cpu"][0] paired seeds, the other arms at
-  CLAIM_SEEDS["cpu"][1]; about 85 min for the primary arms and 40 min for the others on 2 cores
-  with ``--jobs 2`` (``--dry-run`` prints the estimate). Primary arms run first, seed by seed, so
-  an interrupted reproduction leaves whole pairs.
+- ``cpu``: the claims of conf/claims.yaml (C1 arithmetic with and without Abacus and C1b on
+  fresh seeds, C2 language modelling and the ablation, C3 flip-flop retrieval at three
+  sparsities, C4 the official row-sum post map), every arm at the seeds its claim's plan gives it
+  (``--dry-run`` prints them and the estimate). Primary arms run first, seed by seed, so an
+  interrupted reproduction leaves whole pairs.
 - ``tables``: the paper's tables at cpu scale, ``--seeds`` seeds: context extension (5 recipes;
   the longest single job, so it starts first), addition (5 PEs), pretraining (7 PEs), SCROLLS
   (from the pretraining runs; only the datasets whose data are present), efficiency benchmark.
-- ``cpu-full``: every claim arm at CLAIM_SEEDS["cpu-full"] seeds, C5 (the group word problem,
-  ``profiles: [cpu-full]`` in claims.yaml) included, then ``tables``.
+- ``cpu-full``: the claims as ``cpu``, C5 (the group word problem, ``profiles: [cpu-full]`` in
+  claims.yaml) included, then ``tables``.
 - ``paper``: the tables at paper scale (prints the commands).
 
 A run is finished when a run directory of its experiment / PE / seed (and, for a claim arm, with
@@ -48,11 +47,6 @@ from tape.report.records import RecordConflict, export_all, finished_runs
 from tape.report.runs import Run, latest_finished
 
 PROFILES = ("cpu", "tables", "cpu-full", "paper")
-# Paired seeds per claim arm: (arms of a primary comparison, every other arm). The cpu profile's
-# 6 is the fewest at which an exact sign-flip test can reach p < 0.05 (2 / 2**6 = 0.031).
-# The other arms' 2 seeds at cpu describe them (effect, interval, successes) but can never give
-# a verdict of better / worse: the sign-flip p-value cannot go below 0.5 with 2 pairs.
-CLAIM_SEEDS: dict[str, tuple[int, int]] = {"cpu": (6, 2), "cpu-full": (8, 8)}
 # Minutes a run of each claim experiment took here (one thread, two runs at once on 2 cores,
 # 2026-11-23): orders the other arms cheapest first and gives --dry-run its estimate.
 RUN_MINUTES: dict[str, float] = {"addition_c1/cpu": 6.5, "flipflop/cpu": 4.5, "pretrain/cpu": 2.0,
@@ -127,9 +121,9 @@ def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"
     claims = select_claims(claims or load_claims(), only)
     claims = replace(claims, claims=tuple(c for c in claims.claims if not c.profiles or profile in c.profiles))
     if profile == "cpu":
-        return claim_steps(claims, *CLAIM_SEEDS["cpu"])
+        return claim_steps(claims)
     if profile == "cpu-full":
-        full = claim_steps(claims, *CLAIM_SEEDS["cpu-full"])
+        full = claim_steps(claims)
         tables = [replace(s, wave=s.wave + 1) for s in table_steps("cpu", seeds, runs_dir, scrolls_data)]
         return [*full, *tables]
     return table_steps(profile, seeds, runs_dir, scrolls_data)
@@ -146,28 +140,28 @@ def select_claims(cfg: ClaimsConfig, only: Sequence[str]) -> ClaimsConfig:
     return replace(cfg, claims=tuple(c for c in cfg.claims if c.id in only))
 
 
-def claim_steps(cfg: ClaimsConfig, primary_seeds: int, other_seeds: int) -> list[Step]:
+def claim_steps(cfg: ClaimsConfig) -> list[Step]:
     """One step per (experiment, arm) of the claims: the arm's PE and config values as overrides,
-    ``primary_seeds`` seeds for an arm of some claim's primary comparison or its
-    ``seeds_as_primary`` (tier 0), else ``other_seeds`` (tier 1). An arm two claims share
-    (pretrain/cpu TAPE: C2 and C4) runs once."""
+    the seeds each claim's plan gives the arm (conf/claims.yaml ``seeds``, ``first_seed``; an arm
+    only described runs ``describe_seeds``), tier 0 for an arm of a primary comparison, else 1.
+    An arm two claims share (pretrain/cpu TAPE: C2 and C4) runs once, at the union of seeds."""
     steps: dict[tuple[str, str], Step] = {}
     for claim in cfg.claims:
         for name in claim.arm_names:
             arm = cfg.arms[name]
-            tier = 0 if name in claim.primary or name in claim.seeds_as_primary else 1
+            tier = 0 if name in claim.primary else 1
+            seeds = claim.arm_seeds(name, cfg.describe_seeds)
             key = (claim.experiment, name)
             if key in steps:
                 old = steps[key]
                 ids, arm_name = old.name.split("-", 1)
-                steps[key] = replace(old, name=f"{ids}+{claim.id}-{arm_name}",
-                                     tier=min(old.tier, tier),
-                                     seeds=old.seeds if old.tier <= tier else tuple(range(primary_seeds)))
+                steps[key] = replace(old, name=f"{ids}+{claim.id}-{arm_name}", tier=min(old.tier, tier),
+                                     seeds=tuple(sorted({*old.seeds, *seeds})))
                 continue
             values = {**claim.settings, **arm.match}  # the arm's own values win (compute-matched arms)
             steps[key] = Step(
                 name=f"{claim.id}-{name}", entry="pipelines.train", experiment=claim.experiment,
-                pes=(arm.pe,), seeds=tuple(range(primary_seeds if tier == 0 else other_seeds)),
+                pes=(arm.pe,), seeds=seeds,
                 overrides=tuple(f"{k}={_override(v)}" for k, v in values.items()),
                 match={**cfg.require, **values}, tier=tier,
                 minutes=RUN_MINUTES.get(claim.experiment, 0.0))
@@ -489,7 +483,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", choices=PROFILES, default="cpu")
     p.add_argument("--seeds", type=int, nargs="+", default=[0],
                    help="seeds of the tables (profiles tables, cpu-full); claim arms take their "
-                        f"seeds from the profile {CLAIM_SEEDS}")
+                        "seeds from their plan in conf/claims.yaml")
     p.add_argument("--claims", nargs="+", default=[], metavar="ID",
                    help="run only these claims of conf/claims.yaml (e.g. --claims C2 C3); default: all")
     p.add_argument("--runs", type=Path, default=Path("runs"))

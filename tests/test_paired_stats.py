@@ -12,8 +12,8 @@ import yaml
 
 from tape.report.claims import load_claims
 from tape.report.paired import (
-    MetricSpec, compare, decide, fisher_pvalue, hierarchical_bootstrap, holm, mcnemar_pvalue, sign_flip_pvalue,
-    successes, t_interval, wilson_interval,
+    DESCRIBED, MetricSpec, compare, decide, fisher_pvalue, hierarchical_bootstrap, holm, mcnemar_pvalue,
+    needed_pairs, paper_effect_test, sign_flip_pvalue, successes, t_interval, wilson_interval,
 )
 
 PPL = MetricSpec("ppl_1x", margin=1.0, better="lower")
@@ -98,11 +98,51 @@ def test_no_difference_equivalent_with_wide_margin_inconclusive_with_narrow() ->
 
 
 def test_t_and_sign_flip_must_agree() -> None:
-    # five large, consistent improvements: the t interval excludes 0, the sign-flip test cannot
-    d = np.array([-2.0, -2.1, -1.9, -2.05, -1.95])
+    # five large improvements and one small loss: the t test says p ~ 0.01, the sign-flip test
+    # 4/64 (flipping the small one is as extreme): no difference
+    d = np.array([-2.0, -2.1, -1.9, -2.05, -1.95, 0.5])
+    [c] = decide([compare(seeds(100 + d), seeds(np.full(6, 100.0)), PPL)])
+    assert c.ci95[1] < 0 and c.p_t < 0.05 and c.p_sign_flip == 4 / 64
+    assert c.verdict == "inconclusive"
+
+
+def test_below_six_pairs_a_comparison_is_described_never_judged() -> None:
+    d = np.array([-2.0, -2.1, -1.9, -2.05, -1.95])  # consistent, but 5 pairs: min p = 2/32
     [c] = decide([compare(seeds(100 + d), seeds(np.full(5, 100.0)), PPL)])
-    assert c.ci95[1] < 0 and c.p_sign_flip == 2 / 32
-    assert c.verdict == "inconclusive" and "n = 5 < 6" in c.reason
+    assert c.verdict == DESCRIBED and "n = 5 < 6" in c.reason
+    tight = np.array([0.01, -0.01])  # a 90 % interval well inside ±1 from 2 pairs: still no word
+    [e] = decide([compare(seeds(100 + tight), seeds(np.full(2, 100.0)), PPL)])
+    assert e.within_margin and e.verdict == DESCRIBED
+
+
+def test_described_comparisons_stay_out_of_the_holm_family() -> None:
+    base = seeds(np.arange(6, dtype=float) * 10)
+    tape = {s: v - 1.0 - 0.1 * s for s, v in base.items()}
+    tested = compare(tape, base, PPL, primary=False)
+    described = [compare(tape, base, PPL, primary=False, tested=False) for _ in range(5)]
+    decided = decide([compare(tape, base, PPL), tested, *described])
+    assert decided[1].p_adjusted == pytest.approx(2 / 64)  # a family of one: no Holm factor
+    assert decided[1].verdict == "better"
+    assert all(c.verdict == DESCRIBED and "registered to be described" in c.reason for c in decided[2:])
+
+
+@pytest.mark.parametrize(("k", "n"), [(1, 6), (2, 7), (3, 7), (4, 8), (6, 8), (7, 9), (12, 9), (13, 10)])
+def test_needed_pairs_is_the_least_n_whose_best_holm_p_passes(k: int, n: int) -> None:
+    assert needed_pairs(k) == n
+    assert k * 2 / 2 ** n < 0.05 <= k * 2 / 2 ** (n - 1)
+
+
+def test_the_paper_effect_is_excluded_only_when_our_interval_lies_short_of_it() -> None:
+    small = [0.5, -0.3, 0.2, 0.1, -0.4, 0.3, 0.0, 0.2]  # Δ near 0 against a paper's +8.7
+    assert paper_effect_test(small, 8.7).p == pytest.approx(1 / 256)  # every Δ below δ: one pattern
+    assert paper_effect_test(small, 8.7).excluded()
+    big = [9.5, 10.1, 8.2, 9.9, 11.0, 8.9, 9.4, 10.2]  # as large as the paper's or more
+    assert not paper_effect_test(big, 8.7).excluded() and paper_effect_test(big, 8.7).p > 0.5
+    # lower is better: the paper's -0.053 nats against Δ about 0 is excluded, against -0.06 not
+    assert paper_effect_test([x / 100 for x in small], -0.053).excluded()
+    assert not paper_effect_test([-0.06 + x / 1000 for x in small], -0.053).excluded()
+    few = paper_effect_test(small[:5], 8.7)
+    assert not few.excluded() and "not tested (n = 5 < 6)" in few.format()
 
 
 def test_secondary_comparisons_are_holm_corrected() -> None:
@@ -118,7 +158,7 @@ def test_secondary_comparisons_are_holm_corrected() -> None:
 
 def test_single_seed_is_never_a_verdict() -> None:
     [c] = decide([compare({0: 90.0}, {0: 100.0}, PPL)])
-    assert c.verdict == "inconclusive" and "no interval" in c.effect()
+    assert c.verdict == DESCRIBED and "no interval" in c.effect()
 
 
 def test_successes_counts_wilson_fisher_and_median() -> None:
@@ -153,24 +193,42 @@ def test_hierarchical_bootstrap_sees_both_levels() -> None:
 # ---------------------------------------------------------------------------- margins in config
 def test_margins_come_from_conf_claims_yaml(tmp_path: Path) -> None:
     cfg = load_claims()
-    assert (cfg.metrics["ppl_1x"].margin, cfg.metrics["ppl_1x"].better) == (1.0, "lower")
+    nll = cfg.metrics["nll_1x"]
+    assert (nll.margin, nll.better, nll.of, nll.transform) == (0.01, "lower", ("ppl_1x",), "log")
+    assert nll.value({"ppl_1x": math.e ** 4.5}) == pytest.approx(4.5) and nll.value({}) is None
     assert (cfg.metrics["ood_accuracy"].margin, cfg.metrics["ood_accuracy"].better) == (2.0, "higher")
-    assert (cfg.metrics["read_error_ood"].margin, cfg.metrics["read_error_ood"].better) == (0.2, "lower")
-    assert [c.id for c in cfg.claims] == ["C1", "C1b", "C2", "C3", "C4", "C5"]
+    dense = cfg.metrics["read_error_ood_dense"]
+    assert dense.margin == 1.0 and dense.value({"read_error_dense_2x": 1.0, "read_error_dense_3x": 4.0}) == 2.5
+    assert [c.id for c in cfg.claims] == ["C1", "C1b", "C2", "C3", "C3s", "C3d", "C4", "C5"]
     assert cfg.claims[2].primary == ("tape", "rope")
     raw = yaml.safe_load(Path("conf/claims.yaml").read_text())
-    raw["metrics"]["ppl_1x"]["margin"] = 5.0
+    raw["metrics"]["nll_1x"]["margin"] = 5.0
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
-    assert load_claims(tmp_path / "c.yaml").metrics["ppl_1x"].margin == 5.0
+    assert load_claims(tmp_path / "c.yaml").metrics["nll_1x"].margin == 5.0
     raw["claims"][0]["primary"] = ["tape", "no_such_arm"]
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match="no_such_arm"):
         load_claims(tmp_path / "bad.yaml")
     raw["claims"][0]["primary"] = ["tape_abacus", "rope_abacus"]
-    raw["claims"][0]["seeds_as_primary"] = ["alibi"]  # an arm outside the claim's comparisons
+    raw["claims"][0]["paper_effect"]["comparisons"] = [["nope_abacus", "rope_abacus"]]  # not tested
     (tmp_path / "bad2.yaml").write_text(yaml.safe_dump(raw))
-    with pytest.raises(ValueError, match="seeds_as_primary"):
+    with pytest.raises(ValueError, match="paper_effect.comparisons"):
         load_claims(tmp_path / "bad2.yaml")
+
+
+def test_a_plan_whose_seeds_cannot_reach_alpha_is_refused_naming_the_n_needed(tmp_path: Path) -> None:
+    raw = yaml.safe_load(Path("conf/claims.yaml").read_text())
+    raw["claims"][0]["seeds"] = 6  # C1: 3 Holm-corrected secondary comparisons need 7
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="seeds: 6 cannot reach alpha 0.05 .* 3 Holm.* set seeds: 7"):
+        load_claims(tmp_path / "c.yaml")
+    raw["claims"][0]["seeds"] = 7
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    assert load_claims(tmp_path / "c.yaml").claims[0].planned_seeds == tuple(range(7))
+    raw["claims"][3]["seeds"] = 5  # C3: a primary comparison alone needs 6
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="C3: seeds: 5 .* set seeds: 6"):
+        load_claims(tmp_path / "c.yaml")
 
 
 def test_metric_spec_rejects_bad_direction_and_margin() -> None:

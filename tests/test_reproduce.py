@@ -257,18 +257,21 @@ def finish_arm(runs: Path, experiment: str, pe: str, seed: int, name: str, confi
     return run
 
 
-def test_cpu_profile_runs_every_claim_arm_primary_arms_at_six_seeds(tmp_path: Path) -> None:
+def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -> None:
     steps = plan("cpu", runs_dir=tmp_path / "runs")
     by_name = {s.name: s for s in steps}
-    assert by_name["C1+C1b-tape_abacus"].seeds == tuple(range(6)) and by_name["C1+C1b-tape_abacus"].tier == 0
-    assert by_name["C1+C1b-nope_abacus"].seeds == tuple(range(2)) and by_name["C1+C1b-nope_abacus"].tier == 1
+    # C1's 8 planned seeds and C1b's fresh seeds 8-15 of the same arm: one step, both sets
+    assert by_name["C1+C1b-tape_abacus"].seeds == tuple(range(16)) and by_name["C1+C1b-tape_abacus"].tier == 0
+    assert by_name["C1-nope_abacus"].seeds == tuple(range(8)) and by_name["C1-nope_abacus"].tier == 1
     assert "model.abacus=true" in by_name["C1+C1b-rope_abacus"].overrides
-    assert "model.abacus=false" in by_name["C1+C1b-rope_plain"].overrides
-    shared = by_name["C2+C4-tape"]  # one arm, two claims: run once
-    assert shared.experiment == "pretrain/cpu" and shared.seeds == tuple(range(6))
+    assert "model.abacus=false" in by_name["C1-rope_plain"].overrides
+    shared = by_name["C2+C4-tape"]  # one arm, two claims (8 and 6 seeds): run once, at 8
+    assert shared.experiment == "pretrain/cpu" and shared.seeds == tuple(range(8))
     assert by_name["C4-tape_rowsum"].match["pe.tape_post_attn"] == "rowsum"
-    compute = by_name["C2-rope_pretrain_compute"]  # seeds_as_primary: a secondary arm at 6 seeds
-    assert compute.seeds == tuple(range(6)) and compute.tier == 0
+    assert by_name["C4-tape_rowsum"].seeds == tuple(range(6))
+    compute = by_name["C2-rope_pretrain_compute"]  # only described: describe_seeds
+    assert compute.seeds == (0, 1) and compute.tier == 1
+    assert by_name["C3-nope"].seeds == (0, 1) and by_name["C3+C3s+C3d-tape"].seeds == tuple(range(8))
     assert "trainer.max_steps=550" in compute.overrides and "trainer.max_steps=500" not in compute.overrides
     assert "trainer.max_steps=500" in by_name["C2-rope"].overrides
     assert all(s.match.get("paired_init") is True for s in steps)
@@ -286,8 +289,8 @@ def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> 
     by_name = {s.name: s for s in plan("cpu", runs_dir=runs)}
     found = find_runs(runs)
     abacus = [seed for _, _, seed in pending(by_name["C1+C1b-rope_abacus"], found)]
-    plain = [seed for _, _, seed in pending(by_name["C1+C1b-rope_plain"], found)]
-    assert abacus == [0, 2, 3, 4, 5] and plain == [1]
+    plain = [seed for _, _, seed in pending(by_name["C1-rope_plain"], found)]
+    assert abacus == [0, 2, *range(3, 16)] and plain == [1, 2, 3, 4, 5, 6, 7]
 
 
 class InOrderPool:
@@ -327,10 +330,11 @@ def test_claim_runs_start_seed_by_seed_primary_arms_first(tmp_path: Path, monkey
     assert not any("pe=nope" in c or "pe=alibi" in c for c in first)  # secondary arms come later
 
 
-def test_cpu_full_runs_claims_at_eight_seeds_then_the_tables(tmp_path: Path) -> None:
+def test_cpu_full_runs_the_claims_plan_then_the_tables(tmp_path: Path) -> None:
     steps = plan("cpu-full", runs_dir=tmp_path / "runs", scrolls_data=None)
     claims = [s for s in steps if s.match]
-    assert claims and all(s.seeds == tuple(range(8)) for s in claims)
+    assert [(s.name, s.seeds) for s in claims if not s.name.startswith("C5")] == [
+        (s.name, s.seeds) for s in plan("cpu", runs_dir=tmp_path / "runs")]
     c5 = [s for s in steps if s.name.startswith("C5")]
     assert {s.experiment for s in c5} == {"word_problem/cpu"} and len(c5) == 4  # 2 PEs x 2 depths
     assert any("model.n_layers=4" in s.overrides for s in c5)
@@ -342,7 +346,8 @@ def test_cpu_full_runs_claims_at_eight_seeds_then_the_tables(tmp_path: Path) -> 
 
 def test_dry_run_estimates_the_claims_wall_time(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     runs = tmp_path / "runs"
-    reproduce.main(["--runs", str(runs), "--jobs", "2", "--dry-run"], runner=lambda launch: 1 / 0)
+    reproduce.main(["--runs", str(runs), "--out", str(tmp_path / "results"), "--jobs", "2", "--dry-run"],
+                   runner=lambda launch: 1 / 0)
     steps = plan("cpu", runs_dir=runs)
     expected = sum(len(s.seeds) * s.minutes for s in steps) / 2
     assert all(s.minutes > 0 for s in steps)
@@ -353,7 +358,7 @@ def test_claims_can_be_chosen_and_an_unknown_id_is_refused(tmp_path: Path) -> No
     steps = plan("cpu", runs_dir=tmp_path / "runs", only=("C3",))
     assert steps and {s.experiment for s in steps} == {"flipflop/cpu"}
     with pytest.raises(SystemExit, match="--claims C9: unknown"):
-        reproduce.main(["--claims", "C9", "--dry-run", "--runs", str(tmp_path / "runs")])
+        reproduce.main(["--claims", "C9", "--dry-run", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path)])
 
 
 def test_records_are_written_as_runs_finish_and_count_as_finished(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ import yaml
 from tape.report.claim_figures import claim_figure
 from tape.report.document import Context, Section
 from tape.report.groups import NOT_RUN, group_by
-from tape.report.paired import Comparison, MetricSpec, compare, decide, successes
+from tape.report.paired import (DESCRIBED, Comparison, MetricSpec, PaperEffect, compare, decide,
+                                needed_pairs, paper_effect_test, successes)
 from tape.report.paper import display
 from tape.report.provenance import provenance_line
 from tape.report.runs import Run
@@ -50,29 +51,55 @@ class Arm:
         return all(lookup(config, key) == value for key, value in {**require, **self.match}.items())
 
 
+Pair = tuple[str, str]
+
+
 @dataclass(frozen=True)
 class Claim:
-    """One claim of the paper and the experiment that tests it."""
+    """One claim of the paper, the experiment that tests it and its plan: the paired seeds of
+    the tested comparisons (primary, then the Holm family of secondary ones), fixed before the
+    runs, and the comparisons only described (fewer seeds, no verdict)."""
 
     id: str
     title: str
     paper: str
     experiment: str
     metric: str
-    primary: tuple[str, str]
-    secondary: tuple[tuple[str, str], ...]
+    primary: Pair
+    secondary: tuple[Pair, ...]
     command: str
+    seeds: int = 6  # planned pairs of every tested arm: seeds first_seed .. first_seed + seeds - 1
+    first_seed: int = 0
+    describe: tuple[Pair, ...] = ()  # comparisons described at ClaimsConfig.describe_seeds
+    question: str = ""  # what the claim asks, in one line (the headline table's first column)
+    paper_delta: float | None = None  # the paper's effect in our metric (treatment - baseline)
+    paper_on: tuple[Pair, ...] = ()  # the comparisons the paper's effect is tested on
+    paper_translation: str = ""  # how the paper's number becomes paper_delta
     note: str = ""
     also: tuple[str, ...] = ()  # metrics shown per arm beside the claim's (claims.yaml "also")
     valid: Mapping[str, float] = field(default_factory=dict)  # metric -> the least a valid seed has
     profiles: tuple[str, ...] = ()  # the reproduction profiles that run it (empty: every one)
     settings: Mapping[str, Any] = field(default_factory=dict)  # config values every arm's runs have
-    seeds_as_primary: tuple[str, ...] = ()  # other arms run at the primary arms' number of seeds
 
     @property
     def arm_names(self) -> list[str]:
         """Every arm of the claim's comparisons, primary first, each once."""
+        return list(dict.fromkeys(a for pair in (self.primary, *self.secondary, *self.describe) for a in pair))
+
+    @property
+    def tested_arms(self) -> list[str]:
+        """The arms of the primary and secondary comparisons (run at ``seeds`` seeds)."""
         return list(dict.fromkeys(a for pair in (self.primary, *self.secondary) for a in pair))
+
+    @property
+    def planned_seeds(self) -> tuple[int, ...]:
+        """The seeds the claim reads (runs of other seeds are left out of it)."""
+        return tuple(range(self.first_seed, self.first_seed + self.seeds))
+
+    def arm_seeds(self, arm: str, describe_seeds: int) -> tuple[int, ...]:
+        """The seeds the plan runs for ``arm``: all planned seeds when tested, else the first
+        ``describe_seeds`` of them."""
+        return self.planned_seeds if arm in self.tested_arms else self.planned_seeds[:describe_seeds]
 
 
 @dataclass(frozen=True)
@@ -82,6 +109,7 @@ class ClaimsConfig:
     arms: Mapping[str, Arm]
     claims: tuple[Claim, ...]
     require: Mapping[str, Any] = field(default_factory=dict)
+    describe_seeds: int = 2  # paired seeds of the arms only described
 
 
 _MISSING = object()
@@ -101,47 +129,62 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
     """Read and check conf/claims.yaml; a bad entry names its key."""
     raw = yaml.safe_load(Path(path).read_text())
     metrics = {k: MetricSpec(key=k, margin=float(v["margin"]), better=v["better"],
-                             label=v.get("label", k), success=v.get("success"))
+                             label=v.get("label", k), success=v.get("success"),
+                             of=tuple(v.get("of") or ()), transform=v.get("transform", ""))
                for k, v in raw["metrics"].items()}
+    alpha = float(raw.get("alpha", 0.05))
     arms = {k: Arm(name=k, pe=v["pe"], match=dict(v.get("match") or {}), label=v.get("label", ""))
             for k, v in raw["arms"].items()}
     claims = []
     for c in raw["claims"]:
         pairs = [tuple(c["primary"]), *(tuple(p) for p in c.get("secondary") or [])]
-        for pair in pairs:
+        described = [tuple(p) for p in c.get("describe") or []]
+        for pair in (*pairs, *described):
             unknown = [a for a in pair if a not in arms]
             if len(pair) != 2 or unknown:
                 raise ValueError(f"{path}: claim {c['id']}: comparison {list(pair)} must name two arms "
                                  f"of 'arms' ({sorted(arms)}); unknown: {unknown}")
-        outside = [a for a in c.get("seeds_as_primary") or [] if not any(a in pair for pair in pairs)]
-        if outside:
-            raise ValueError(f"{path}: claim {c['id']}: seeds_as_primary {outside} must be arms of "
-                             f"its comparisons")
+        seeds, k = int(c.get("seeds", 6)), len(pairs) - 1
+        needed = max(needed_pairs(1, alpha), needed_pairs(k, alpha) if k else 0)
+        if seeds < needed:
+            raise ValueError(f"{path}: claim {c['id']}: seeds: {seeds} cannot reach alpha {alpha:g} "
+                             f"for its primary comparison and {k} Holm-corrected secondary one(s): "
+                             f"set seeds: {needed} or more, or move comparisons to 'describe'")
+        paper = c.get("paper_effect") or {}
+        paper_on = tuple(tuple(p) for p in paper.get("comparisons") or [c["primary"]]) if paper else ()
+        if any(p not in pairs for p in paper_on):
+            raise ValueError(f"{path}: claim {c['id']}: paper_effect.comparisons {[list(p) for p in paper_on]} "
+                             f"must be tested comparisons (primary or secondary)")
         if c["metric"] not in metrics:
             raise ValueError(f"{path}: claim {c['id']}: metric {c['metric']!r} is not under 'metrics' "
                              f"({sorted(metrics)})")
         claims.append(Claim(id=c["id"], title=c["title"], paper=" ".join(c["paper"].split()),
                             experiment=c["experiment"], metric=c["metric"], primary=pairs[0],
                             secondary=tuple(pairs[1:]), command=" ".join(c["command"].split()),
+                            seeds=seeds, first_seed=int(c.get("first_seed", 0)),
+                            describe=tuple(described), question=" ".join(c.get("question", "").split()),
+                            paper_delta=float(paper["delta"]) if paper else None, paper_on=paper_on,
+                            paper_translation=" ".join(paper.get("translation", "").split()),
                             note=c.get("note", ""), also=tuple(c.get("also") or ()),
                             valid={k: float(v) for k, v in (c.get("valid") or {}).items()},
                             profiles=tuple(c.get("profiles") or ()),
-                            settings=dict(c.get("settings") or {}),
-                            seeds_as_primary=tuple(c.get("seeds_as_primary") or ())))
-    return ClaimsConfig(alpha=float(raw.get("alpha", 0.05)), metrics=metrics, arms=arms,
-                        claims=tuple(claims), require=dict(raw.get("require") or {}))
+                            settings=dict(c.get("settings") or {})))
+    return ClaimsConfig(alpha=alpha, metrics=metrics, arms=arms, claims=tuple(claims),
+                        require=dict(raw.get("require") or {}),
+                        describe_seeds=int(raw.get("describe_seeds", 2)))
 
 
-def arm_values(runs: list[Run], arm: Arm, experiment: str, metric: str,
-               require: Mapping[str, Any]) -> tuple[dict[int, float], list[Run]]:
-    """{seed: value} of the newest finished run per seed of ``arm`` in ``experiment``, and
-    those runs."""
-    mine = [r for r in runs if r.experiment == experiment and arm.matches(r, require)]
+def arm_values(runs: list[Run], arm: Arm, experiment: str, metric: MetricSpec,
+               require: Mapping[str, Any], seeds: tuple[int, ...] | None = None
+               ) -> tuple[dict[int, float], list[Run]]:
+    """{seed: value} of the newest finished run per seed of ``arm`` in ``experiment`` (only
+    ``seeds`` when given), and those runs."""
+    mine = [r for r in runs if r.experiment == experiment and arm.matches(r, require)
+            and (seeds is None or r.seed in seeds)]
     group = group_by(mine, lambda r: arm.name).get(arm.name)
     if group is None:
         return {}, []
-    values = {r.seed: float(r.metrics[metric]) for r in group.finished
-              if isinstance((r.metrics or {}).get(metric), (int, float))}
+    values = {r.seed: v for r in group.finished if (v := metric.value(r.metrics or {})) is not None}
     return values, [r for r in group.finished if r.seed in values]
 
 
@@ -170,13 +213,16 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
     require = {**cfg.require, **claim.settings}  # what a run of any of the claim's arms must have
     values, used, arm_runs, invalid = {}, [], {}, {}
     for name in claim.arm_names:
-        values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, claim.metric, require)
+        values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, metric, require,
+                                         claim.planned_seeds)
         used += found
         arm_runs[name] = found
         invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid)}
-    pairs = list(enumerate((claim.primary, *claim.secondary)))
+    tested = 1 + len(claim.secondary)
+    pairs = list(enumerate((claim.primary, *claim.secondary, *claim.describe)))
     comparisons = [compare(_without(values[t], invalid[t] | invalid[b]),
-                           _without(values[b], invalid[t] | invalid[b]), metric, (t, b), primary=i == 0)
+                           _without(values[b], invalid[t] | invalid[b]), metric, (t, b),
+                           primary=i == 0, tested=i < tested)
                    for i, (t, b) in pairs]
     dropped = {(t, b): sorted((invalid[t] | invalid[b]) & set(values[t]) & set(values[b])) for _, (t, b) in pairs}
     arms = [cfg.arms[name] for name in values]
@@ -190,27 +236,80 @@ def _without(values: Mapping[int, float], seeds: set[int]) -> dict[int, float]:
     return {s: v for s, v in values.items() if s not in seeds}
 
 
-def _row(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> list[Any]:
+def _digits(metric: MetricSpec) -> int:
+    """Decimals that resolve a tenth of the metric's margin (nats: 3; points: 2)."""
+    return 3 if metric.margin < 0.1 else 2
+
+
+def paper_effect(result: ClaimResult, c: Comparison) -> PaperEffect | None:
+    """The one-sided test of the paper's effect on ``c`` (None when not registered for it)."""
+    claim = result.claim
+    if claim.paper_delta is None or (c.treatment, c.baseline) not in claim.paper_on or not c.n:
+        return None
+    return paper_effect_test(c.deltas, claim.paper_delta)
+
+
+def _verdict(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> tuple[str, str]:
+    """(effect, verdict) cells of one comparison."""
     claim = result.claim
     metric = cfg.metrics[claim.metric]
-    what = f"{cfg.arms[c.treatment].title} - {cfg.arms[c.baseline].title}"
     dropped = result.invalid.get((c.treatment, c.baseline), [])
     why = (f"{len(dropped)} seed(s) invalid, left out ({', '.join(str(s) for s in dropped)}: "
            + " or ".join(f"{k} < {v:g}" for k, v in claim.valid.items()) + ")") if dropped else ""
     if c.n == 0 and dropped:
-        effect, verdict = "no valid pair", f"**no verdict**: {why}"
-    elif c.n == 0:  # the command once per claim: on its first row
-        effect = NOT_RUN
+        return "no valid pair", f"**no verdict**: {why}"
+    if c.n == 0:  # the command once per claim: on its first row
         verdict = f"{NOT_RUN}: run `{claim.command}`" if first else f"{NOT_RUN} (the claim's command is on its first row)"
         if result.unpaired:
             verdict += (f" ({result.unpaired} finished run(s) of these arms lack "
                         f"{', '.join(f'{k}={v}' for k, v in cfg.require.items())}: not pairs)")
-    else:
-        effect, verdict = c.effect(), f"**{c.verdict}** ({c.reason})" + (f"; {why}" if why else "")
-        if metric.success is not None:
-            effect += "; " + successes(result.values[c.treatment], result.values[c.baseline], metric).format()
+        return NOT_RUN, verdict
+    effect = c.effect(_digits(metric))
+    if metric.success is not None:
+        effect += "; " + successes(result.values[c.treatment], result.values[c.baseline], metric).format()
+    if c.verdict == DESCRIBED:
+        return effect, f"no verdict, described ({c.reason})" + (f"; {why}" if why else "")
+    return effect, f"**{c.verdict}** ({c.reason})" + (f"; {why}" if why else "")
+
+
+def _planned(result: ClaimResult, c: Comparison, cfg: ClaimsConfig) -> str:
+    """``n (planned p)`` paired seeds."""
+    planned = result.claim.seeds if c.tested else min(cfg.describe_seeds, result.claim.seeds)
+    return f"{c.n} (planned {planned})"
+
+
+def _row(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool) -> list[Any]:
+    claim = result.claim
+    metric = cfg.metrics[claim.metric]
+    what = f"{cfg.arms[c.treatment].title} - {cfg.arms[c.baseline].title}"
+    effect, verdict = _verdict(result, c, cfg, first)
+    test = paper_effect(result, c)
     head = [f"{claim.id}: {claim.title}", claim.paper] if first else ["", ""]
-    return [*head, f"{claim.experiment}, {metric.label}", what, effect, c.n, verdict]
+    return [*head, f"{claim.experiment}, {metric.label}", what, effect, _planned(result, c, cfg), verdict,
+            test.format(cfg.alpha, _digits(metric)) if test else ""]
+
+
+def answer(result: ClaimResult, cfg: ClaimsConfig) -> str:
+    """The claim's answer at this scale in one line: the primary verdict in words, and whether
+    the paper's effect is excluded."""
+    c = result.comparisons[0]
+    arms = cfg.arms
+    first, second = arms[c.treatment].title, arms[c.baseline].title
+    if c.n == 0:
+        return "not answered: no valid pair of runs"
+    words = {"better": f"{first} better than {second}", "worse": f"{first} worse than {second}",
+             "equivalent": f"{first} and {second} equivalent within ±{c.metric.margin:g}",
+             "inconclusive": f"no difference shown between {first} and {second}, and no equivalence",
+             DESCRIBED: f"not answered yet ({c.reason})"}
+    line = words.get(c.verdict, c.verdict)
+    tests = [(pair, paper_effect_test(comp.deltas, result.claim.paper_delta))
+             for comp in result.comparisons for pair in [(comp.treatment, comp.baseline)]
+             if result.claim.paper_delta is not None and pair in result.claim.paper_on and comp.n]
+    excluded = [f"{arms[t].title} - {arms[b].title}" for (t, b), e in tests if e.excluded(cfg.alpha)]
+    if tests:
+        line += ("; the paper's effect is excluded for " + ", ".join(excluded) if excluded
+                 else "; the paper's effect is not excluded")
+    return line
 
 
 STEPS_TO = "steps_to_99"  # a derived metric: the first validation step at >= 99 % exact match
@@ -298,8 +397,13 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
     cfg = cfg or load_claims()
     results = [evaluate_claim(claim, cfg, ctx.runs) for claim in cfg.claims]
     columns = ["claim", "the paper's statement and number (paper)", "our experiment and metric",
-               "comparison (Δ = first - second)", "effect Δ [95 % CI]", "n paired seeds", "verdict"]
-    primary = [_row(r, r.comparisons[0], cfg, True) for r in results]
+               "comparison (Δ = first - second)", "effect Δ [95 % CI]", "n paired seeds (planned)",
+               "verdict", "the paper's effect in our metric (δ_paper), one-sided test"]
+    headline_columns = ["claim", "question", "answer at this scale", "primary comparison: Δ [95 % CI]",
+                        "n paired seeds (planned)", "the paper's statement and number (paper)"]
+    headline = [[f"{r.claim.id}: {r.claim.title}", r.claim.question, answer(r, cfg),
+                 _verdict(r, r.comparisons[0], cfg, True)[0], _planned(r, r.comparisons[0], cfg), r.claim.paper]
+                for r in results]
     every = [_row(r, c, cfg, i == 0) for r in results for i, c in enumerate(r.comparisons)]
     notes = [
         "Δ = first arm - second arm over seeds run by both (paired: one seed fixes the data order "
@@ -308,19 +412,25 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
         f"{cfg.alpha:g}; secondary comparisons Holm-corrected); *equivalent* only when the 90 % "
         "interval lies inside ± the metric's margin; else *inconclusive*. Margins: "
         + "; ".join(f"{m.label} ±{m.margin:g} ({m.better} is better)" for m in cfg.metrics.values()) + ".",
-        "The second column is **the paper's** statement and numbers (tape-spec E), at the paper's "
+        "Seeds are planned per claim before its runs (conf/claims.yaml `seeds`): with k Holm-corrected "
+        "secondary comparisons a difference can pass only from n >= log2(2k/alpha) pairs (6 for a "
+        "single comparison, 7 for 2-3, 8 for 4-6, 9 for 7-12); a comparison with fewer than 6 pairs, "
+        f"or registered under `describe` (run at {cfg.describe_seeds} seeds), is described, never given "
+        "a verdict. Each claim reads only its planned seeds.",
+        "The paper's effect, translated into our metric (conf/claims.yaml `paper_effect`), is tested "
+        "one-sided (H0: our Δ is at least the paper's δ in its direction; t-test and sign-flip test, "
+        "the larger p): *excluded at this scale* when p < " f"{cfg.alpha:g}. "
+        + " ".join(f"{r.claim.id}: {r.claim.paper_translation}" for r in results if r.claim.paper_translation),
+        "The paper's column is **the paper's** statement and numbers (tape-spec E), at the paper's "
         "scale; every other column is ours, at the scale in the experiment's name.",
         *(f"{r.claim.id}: {r.claim.note}." for r in results if r.claim.note),
-        "All of them: `make reproduce-table` (PROFILE=cpu: the arms of each primary comparison at "
-        "6 paired seeds, as are the compute-matched arms, the other arms at 2: with fewer than 6 "
-        "pairs the sign-flip test cannot find a difference, so their verdicts are *equivalent* (a "
-        "90 % interval inside the margin even from 2 pairs) or *inconclusive*; "
-        "pipelines/reproduce.py). Per claim: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
+        "All of them: `make reproduce-table` (PROFILE=cpu runs every claim's plan; pipelines/reproduce.py). "
+        "Per claim: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
     ]
     runs = list({run.path: run for r in results for run in r.runs}.values())  # an arm may serve two claims
     tables = [
-        Table(name="claims", title="Claims: the paper's claims, tested at laptop scale", columns=columns,
-              rows=primary, notes=notes, provenance=provenance_line(runs, ctx.stamp)),
+        Table(name="claims", title="Claims: the paper's claims, tested at laptop scale",
+              columns=headline_columns, rows=headline, notes=notes, provenance=provenance_line(runs, ctx.stamp)),
         Table(name="claims_all", title="Claims: every comparison (primary first, then secondary)",
               columns=columns, rows=every, provenance=provenance_line(runs, ctx.stamp)),
         arm_table(results, cfg),

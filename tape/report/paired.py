@@ -9,7 +9,13 @@ t interval excludes 0 *and* the sign-flip test agrees. Verdicts:
 - better / worse: p < alpha for the pre-named primary comparison; Holm-adjusted p < alpha for
   the secondary ones;
 - equivalent: otherwise, when the 90 % interval lies inside ±margin (two one-sided tests);
-- inconclusive: otherwise (a non-significant difference is not a tie).
+- inconclusive: otherwise (a non-significant difference is not a tie);
+- described (no verdict word): fewer than MIN_VERDICT_PAIRS pairs, or a comparison registered
+  only to be described; it keeps its effect and interval and stays out of the Holm family.
+
+A family of k tested comparisons can reach alpha only with n >= needed_pairs(k, alpha) pairs
+(the sign-flip test's smallest p is 2 / 2^n). ``paper_effect_test`` tests the paper's own
+effect δ one-sided: H0 "Δ is at least δ in δ's direction"; a small p excludes the paper's effect.
 
 For success metrics that are bimodal across seeds it also counts the seeds that succeeded
 (Wilson intervals, Fisher's exact test) and the median Δ; for accuracies over items it gives a
@@ -28,6 +34,14 @@ from scipy import stats
 
 Direction = Literal["lower", "higher"]
 EXACT_SIGN_FLIP_MAX_N = 16  # 2^16 sign patterns; above, a seeded Monte Carlo estimate
+MIN_VERDICT_PAIRS = 6  # the fewest pairs at which a single comparison can reach p < 0.05
+DESCRIBED = "described"
+
+
+def needed_pairs(k: int, alpha: float = 0.05) -> int:
+    """The fewest pairs n at which the smallest sign-flip p (2 / 2^n), Holm-multiplied by the
+    family's k comparisons, is below alpha: 6 for k = 1, 7 for k = 2-3, 8 for k = 4-6."""
+    return math.floor(math.log2(2 * max(k, 1) / alpha)) + 1
 
 
 @dataclass(frozen=True)
@@ -40,12 +54,25 @@ class MetricSpec:
     better: Direction
     label: str = ""
     success: float | None = None
+    of: tuple[str, ...] = ()  # derived: the mean of these metrics.json keys (default: key itself)
+    transform: Literal["", "log"] = ""  # applied to that mean (log: nats per token from perplexity)
 
     def __post_init__(self) -> None:
         if self.better not in ("lower", "higher"):
             raise ValueError(f"metric {self.key}: better={self.better!r} must be 'lower' or 'higher'")
         if not self.margin > 0:
             raise ValueError(f"metric {self.key}: margin={self.margin} must be > 0")
+        if self.transform not in ("", "log"):
+            raise ValueError(f"metric {self.key}: transform={self.transform!r} must be '' or 'log'")
+
+    def value(self, metrics: Mapping[str, object]) -> float | None:
+        """This metric from one run's metrics.json (None when a key it needs is missing)."""
+        keys = self.of or (self.key,)
+        values = [metrics.get(k) for k in keys]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            return None
+        mean = float(np.mean(values))
+        return math.log(mean) if self.transform == "log" else mean
 
     def succeeded(self, value: float) -> bool:
         """Whether one seed's value reaches the success threshold."""
@@ -189,6 +216,7 @@ class Comparison:
     p_adjusted: float = math.nan  # Holm-adjusted for secondary comparisons; p for the primary
     verdict: str = "inconclusive"
     reason: str = ""
+    tested: bool = True  # False: registered to be described only (no verdict, not in Holm)
 
     @property
     def n(self) -> int:
@@ -220,35 +248,36 @@ class Comparison:
 
 
 def compare(treatment: Mapping[int, float], baseline: Mapping[int, float], metric: MetricSpec,
-            names: tuple[str, str] = ("treatment", "baseline"), primary: bool = True) -> Comparison:
+            names: tuple[str, str] = ("treatment", "baseline"), primary: bool = True,
+            tested: bool = True) -> Comparison:
     """The paired statistics of one comparison (its verdict is set by ``decide``)."""
     seeds, d = paired_deltas(treatment, baseline)
     return Comparison(metric=metric, treatment=names[0], baseline=names[1], seeds=tuple(seeds),
                       deltas=tuple(float(x) for x in d), ci95=t_interval(d, 0.95),
                       ci90=t_interval(d, 0.90), p_t=t_pvalue(d), p_sign_flip=sign_flip_pvalue(d),
-                      primary=primary)
+                      primary=primary, tested=tested)
 
 
 def verdict(c: Comparison, p_adjusted: float, alpha: float = 0.05) -> tuple[str, str]:
     """(verdict, reason) of one comparison given its (adjusted) p-value."""
     m = c.metric
-    if c.n < 2:
-        return "inconclusive", f"{c.n} paired seed(s): no interval"
+    if not c.tested:
+        return DESCRIBED, f"n = {c.n}: registered to be described, not tested"
+    if c.n < MIN_VERDICT_PAIRS:
+        return DESCRIBED, f"n = {c.n} < {MIN_VERDICT_PAIRS} paired seeds: no verdict"
     if p_adjusted < alpha:
         improves = c.mean < 0 if m.better == "lower" else c.mean > 0
         extra = f"; Δ within ±{m.margin:g}" if c.within_margin else ""
         return ("better" if improves else "worse"), f"p = {p_adjusted:.3g} < {alpha:g}{extra}"
     if c.within_margin:
         return "equivalent", f"90 % interval inside ±{m.margin:g}"
-    why = f"p = {p_adjusted:.3g}"
-    if c.n < 6:
-        why += f"; n = {c.n} < 6: the sign-flip test cannot reach p < 0.05"
-    return "inconclusive", f"{why}; 90 % interval not inside ±{m.margin:g}"
+    return "inconclusive", f"p = {p_adjusted:.3g}; 90 % interval not inside ±{m.margin:g}"
 
 
 def decide(comparisons: Sequence[Comparison], alpha: float = 0.05) -> list[Comparison]:
-    """Verdicts: the primary comparisons at ``alpha``; the secondary ones Holm-adjusted together."""
-    secondary = [i for i, c in enumerate(comparisons) if not c.primary]
+    """Verdicts: the primary comparisons at ``alpha``; the tested secondary ones Holm-adjusted
+    together; the described ones get no verdict."""
+    secondary = [i for i, c in enumerate(comparisons) if not c.primary and c.tested]
     adjusted = dict(zip(secondary, holm([comparisons[i].p for i in secondary])))
     out = []
     for i, c in enumerate(comparisons):
@@ -256,6 +285,49 @@ def decide(comparisons: Sequence[Comparison], alpha: float = 0.05) -> list[Compa
         word, reason = verdict(c, p_adj, alpha)
         out.append(replace(c, p_adjusted=p_adj, verdict=word, reason=reason))
     return out
+
+
+@dataclass(frozen=True)
+class PaperEffect:
+    """The one-sided test of the paper's effect δ (in our metric) against our paired Δ."""
+
+    delta: float
+    p: float  # the larger of the one-sided t-test's and sign-flip test's p
+    n: int
+
+    def excluded(self, alpha: float = 0.05) -> bool:
+        return self.n >= MIN_VERDICT_PAIRS and self.p < alpha
+
+    def format(self, alpha: float = 0.05, digits: int = 2) -> str:
+        head = f"δ_paper {self.delta:+.{digits}g}: "
+        if self.n < MIN_VERDICT_PAIRS:
+            return head + f"not tested (n = {self.n} < {MIN_VERDICT_PAIRS})"
+        if self.excluded(alpha):
+            return head + f"**the paper's effect is excluded at this scale** (one-sided p = {self.p:.3g})"
+        return head + f"not excluded (one-sided p = {self.p:.3g})"
+
+
+def paper_effect_test(deltas: Sequence[float], delta: float, n_resamples: int = 200_000,
+                      seed: int = 0) -> PaperEffect:
+    """One-sided test of H0 "the mean Δ is at least ``delta`` in its direction" against H1 "it
+    is smaller": a t-test and a sign-flip test on s·(Δ - δ), s = sign(δ); p is the larger."""
+    d = np.asarray(deltas, dtype=float)
+    n = len(d)
+    if n < 2 or delta == 0:
+        return PaperEffect(delta, 1.0, n)
+    x = math.copysign(1.0, delta) * (d - delta)  # H1: mean(x) < 0
+    if np.std(x) == 0:
+        p_t = 0.0 if x[0] < 0 else 1.0
+    else:
+        p_t = float(stats.ttest_1samp(x, 0.0, alternative="less").pvalue)
+    tol = 1e-12 * max(1.0, float(np.abs(x).sum()))
+    if n <= EXACT_SIGN_FLIP_MAX_N:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # (2^n, n)
+        p_sf = float(np.mean(signs @ x <= x.sum() + tol))
+    else:
+        signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(n_resamples, n))
+        p_sf = (int(np.sum(signs @ x <= x.sum() + tol)) + 1) / (n_resamples + 1)
+    return PaperEffect(delta, max(p_t, p_sf), n)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 
 A record mirrors its run directory (``<records>/<experiment>/<pe>/<seed>/<run name>/``) and
 keeps only what the report reads: command.txt (command, commit, time, machine), the resolved
-config.yaml (which defines the run's arm), metrics.json, the per-cell / per-length CSVs the
-figures draw, the validation curve (csv/metrics.csv) and the newest evaluation's copies of
+config.yaml (which defines the run's arm), metrics.json, the per-cell / per-length CSVs its task
+writes, the validation curve (csv/metrics.csv) and the newest evaluation's copies of
 these. ``find_runs`` reads a records folder exactly as it reads runs/. A record is never
 overwritten: exporting a run whose record exists with other contents is an error.
 """
@@ -19,8 +19,8 @@ from typing import Callable, Iterable
 
 from tape.report.runs import Run, find_runs
 
-RECORD_FILES = ("command.txt", "config.yaml", "metrics.json", "grid.csv", "passkey.csv",
-                "perplexity.csv", "csv/metrics.csv")
+RECORD_FILES = ("command.txt", "config.yaml", "metrics.json", "csv/metrics.csv",  # every task
+                "grid.csv", "passkey.csv", "perplexity.csv", "flipflop.csv", "word_problem.csv")
 NOT_RECORDED_SCALES = ("smoke", "custom")  # test presets and ad-hoc runs never become records
 
 
