@@ -143,3 +143,53 @@ def test_registered_titles_are_the_builders_titles(tmp_path: Path, scale: str) -
     for exp in EXPERIMENTS:
         assert exp.build(ctx, scale).title == exp.title.format(scale=scale), exp.prefix
     assert EXPERIMENTS[1].owns("scrolls/cpu/qasper", "cpu") and not EXPERIMENTS[0].owns("addition_c1/cpu", "cpu")
+
+
+def claims_runs(runs: Path, with_c1: bool) -> None:
+    """C1 (addition_c1/cpu) and C2 (pretrain/cpu) arms at 6 paired seeds."""
+    from test_claims_report import TAPE_PE, c1_config, config
+
+    for seed in range(6):
+        for j, (pe, cfg_pe) in enumerate((("rope", {"name": "rope"}), ("tape", TAPE_PE))):
+            name = f"20261123-10000{seed}-eeeeee-{j}"
+            make_run(runs, "pretrain/cpu", pe, seed, name, {"task": "pretrain", "ppl_1x": 90.0 + j * (1 + 0.05 * seed) + 0.1 * seed},
+                     config("pretrain", cfg_pe))
+            if with_c1:
+                make_run(runs, "addition_c1/cpu", pe, seed, name,
+                         {"task": "addition", "ood_accuracy": 5.0 + j * (2 + 0.1 * seed) + 0.1 * seed,
+                          "in_distribution_accuracy": 100.0}, c1_config(cfg_pe, abacus=True), {"grid.csv": GRID})
+
+
+def test_a_claim_without_records_is_carried_over_unchanged_and_idempotently(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import tape.report.claims as claims_mod
+
+    old, new = tmp_path / "old" / "runs", tmp_path / "new" / "runs"
+    claims_runs(old, with_c1=True)
+    claims_runs(new, with_c1=False)  # the records here hold C2's runs only
+    out = tmp_path / "results"
+    render(old, out)
+    c1_before = claims_mod.claim_rows(claims_mod.previous_rows(out, "claims_all"), "C1")
+    with pytest.raises(WouldLoseResults, match="addition_c1/cpu"):
+        render(new, out)
+    render(new, out, carry_over=True)
+    every = claims_mod.previous_rows(out, "claims_all")
+    c1 = claims_mod.claim_rows(every, "C1")
+    assert [r["effect Δ [95 % CI]"] for r in c1] == [r["effect Δ [95 % CI]"] for r in c1_before]
+    assert c1[0]["verdict"] == claims_mod.CARRIED + c1_before[0]["verdict"]
+    headline = claims_mod.claim_rows(claims_mod.previous_rows(out, "claims"), "C1")[0]
+    assert headline["answer at this scale"].startswith(claims_mod.CARRIED)
+    assert any(r["experiment"] == "addition_c1/cpu" for r in csv.DictReader(open(out / "runs.csv")))
+    assert (out / "figures" / "claim_c1.png").is_file() and "figures/claim_c1.png" in (out / "README.md").read_text()
+    first = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    render(new, out, carry_over=True)  # again: the same bytes, no second "carried over"
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == first
+    # a claim redefined since the previous render (another title) is never carried
+    cfg = claims_mod.load_claims()
+    renamed = [c if c.id != "C1" else dataclasses.replace(c, title="Another claim") for c in cfg.claims]
+    monkeypatch.setattr(claims_mod, "load_claims", lambda *a, **k: dataclasses.replace(cfg, claims=tuple(renamed)))
+    render(new, out, carry_over=True)
+    c1 = claims_mod.claim_rows(claims_mod.previous_rows(out, "claims_all"), "C1")
+    assert c1[0]["claim"] == "C1: Another claim" and c1[0]["effect Δ [95 % CI]"] == "not run"

@@ -19,7 +19,7 @@ import numpy as np
 import yaml
 
 from tape.report.claim_figures import claim_figure
-from tape.report.document import Context, Section
+from tape.report.document import Context, Figure, Section
 from tape.report.groups import NOT_RUN, group_by
 from tape.report.paired import (DESCRIBED, Comparison, MetricSpec, PaperEffect, compare, decide,
                                 needed_pairs, paper_effect_test, successes)
@@ -356,31 +356,38 @@ def _steps_cell(runs: list[Run]) -> str:
     return f"median {np.median(reached):.0f} ({len(reached)}/{len(runs)} reached)"
 
 
-def arm_table(results: list[ClaimResult], cfg: ClaimsConfig) -> Table:
-    """Per claim and arm: the seeds, the claim's metric and its "also" metrics (mean ± sd
+ARM_COLUMNS = ["claim", "arm", "seeds", "the claim's metric: mean ± sd [min, max]",
+               "beside it (mean ± sd [min, max] over the same seeds)"]
+
+
+def arm_table_rows(result: ClaimResult, cfg: ClaimsConfig) -> list[list[str]]:
+    """Per arm of one claim: the seeds, the claim's metric and its "also" metrics (mean ± sd
     [min, max] over seeds), so in-distribution numbers, learning speed and cost sit beside the
     compared metric."""
     rows = []
-    for result in results:
-        claim = result.claim
-        for name in claim.arm_names:
-            runs = _arm_runs(result, name)
-            if not runs:
+    claim = result.claim
+    for name in claim.arm_names:
+        runs = _arm_runs(result, name)
+        if not runs:
+            continue
+        cells = []
+        for key in claim.also:
+            if key == STEPS_TO:
+                cells.append(f"{key}: {_steps_cell(runs)}")
                 continue
-            cells = []
-            for key in claim.also:
-                if key == STEPS_TO:
-                    cells.append(f"{key}: {_steps_cell(runs)}")
-                    continue
-                vals = [float(r.metrics[key]) for r in runs
-                        if isinstance((r.metrics or {}).get(key), (int, float))]
-                if vals:
-                    cells.append(f"{key}: {_spread(vals, 3 if abs(np.mean(vals)) < 1 else 2)}")
-            rows.append([claim.id, cfg.arms[name].title, ", ".join(str(r.seed) for r in runs),
-                         _spread([result.values[name][r.seed] for r in runs]), "; ".join(cells)])
-    return Table(name="claims_arms", title="Claims: every arm over its seeds",
-                 columns=["claim", "arm", "seeds", "the claim's metric: mean ± sd [min, max]",
-                          "beside it (mean ± sd [min, max] over the same seeds)"],
+            vals = [float(r.metrics[key]) for r in runs
+                    if isinstance((r.metrics or {}).get(key), (int, float))]
+            if vals:
+                cells.append(f"{key}: {_spread(vals, 3 if abs(np.mean(vals)) < 1 else 2)}")
+        metric_digits = 3 if cfg.metrics[claim.metric].margin < 0.1 else 2
+        rows.append([claim.id, cfg.arms[name].title, ", ".join(str(r.seed) for r in runs),
+                     _spread([result.values[name][r.seed] for r in runs], metric_digits), "; ".join(cells)])
+    return rows
+
+
+def arm_table(rows: list[list[str]]) -> Table:
+    """Every claim's arms over their seeds (rows of arm_table_rows)."""
+    return Table(name="claims_arms", title="Claims: every arm over its seeds", columns=ARM_COLUMNS,
                  rows=rows, notes=[
                      f"{STEPS_TO}: the first validation step (in-distribution, every "
                      "val_check_interval steps) at >= 99 % exact match, from the run's csv/metrics.csv.",
@@ -392,6 +399,40 @@ def arm_table(results: list[ClaimResult], cfg: ClaimsConfig) -> Table:
                      "indication, not a benchmark (results/efficiency.md has the paired timing)."])
 
 
+CARRIED = "carried over from the previous render: no record of its runs here yet; "
+
+
+def previous_rows(out_dir: Path, name: str) -> list[dict[str, str]]:
+    """The rows of the previous render's tables/<name>.csv ([] when there is none)."""
+    try:
+        with open(out_dir / "tables" / f"{name}.csv", newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def claim_rows(rows: list[dict[str, str]], claim_id: str) -> list[dict[str, str]]:
+    """A claim's rows of a claims table: from the row naming it to the next claim's row."""
+    out, mine = [], False
+    for row in rows:
+        if row.get("claim"):
+            mine = row["claim"].split(":")[0] == claim_id
+        if mine:
+            out.append(row)
+    return out
+
+
+def carried_rows(previous: list[dict[str, str]], columns: list[str], mark: str) -> list[list[str]]:
+    """``previous`` rows laid out in ``columns`` (by name; a column they lack is empty), the
+    first one's ``mark`` column prefixed with CARRIED once (a carried row keeps its note)."""
+    rows = [[row.get(c, "") for c in columns] for row in previous]
+    if rows and mark in columns:
+        i = columns.index(mark)
+        if not rows[0][i].startswith(CARRIED):
+            rows[0][i] = CARRIED + rows[0][i]
+    return rows
+
+
 def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
     """The Claims section: one row per claim (its primary comparison), then every comparison."""
     cfg = cfg or load_claims()
@@ -401,10 +442,28 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
                "verdict", "the paper's effect in our metric (δ_paper), one-sided test"]
     headline_columns = ["claim", "question", "answer at this scale", "primary comparison: Δ [95 % CI]",
                         "n paired seeds (planned)", "the paper's statement and number (paper)"]
-    headline = [[f"{r.claim.id}: {r.claim.title}", r.claim.question, answer(r, cfg),
-                 _verdict(r, r.comparisons[0], cfg, True)[0], _planned(r, r.comparisons[0], cfg), r.claim.paper]
-                for r in results]
-    every = [_row(r, c, cfg, i == 0) for r in results for i, c in enumerate(r.comparisons)]
+    before = {name: previous_rows(ctx.out_dir, name) for name in ("claims", "claims_all", "claims_arms")}
+    carried = {r.claim.id for r in results  # a claim redefined since (another title) is not carried
+               if ctx.carry_over and not r.runs and [row["claim"] for row in claim_rows(
+                   before["claims_all"], r.claim.id)][:1] == [f"{r.claim.id}: {r.claim.title}"]}
+    headline, every, arm_rows = [], [], []
+    for r in results:
+        if r.claim.id in carried:
+            old = claim_rows(before["claims"], r.claim.id)[:1]
+            if old and "answer at this scale" not in old[0]:  # a render from before the headline
+                old = [{**old[0], "answer at this scale": old[0].get("verdict", ""),
+                        "primary comparison: Δ [95 % CI]": old[0].get("effect Δ [95 % CI]", ""),
+                        "n paired seeds (planned)": old[0].get("n paired seeds", ""), "question": r.claim.question}]
+            headline += carried_rows(old, headline_columns, "answer at this scale")
+            old_all = [{**row, "n paired seeds (planned)": row.get("n paired seeds (planned)", row.get("n paired seeds", ""))}
+                       for row in claim_rows(before["claims_all"], r.claim.id)]
+            every += carried_rows(old_all, columns, "verdict")
+            arm_rows += [[row[c] for c in ARM_COLUMNS] for row in before["claims_arms"] if row["claim"] == r.claim.id]
+            continue
+        headline.append([f"{r.claim.id}: {r.claim.title}", r.claim.question, answer(r, cfg),
+                         _verdict(r, r.comparisons[0], cfg, True)[0], _planned(r, r.comparisons[0], cfg), r.claim.paper])
+        every += [_row(r, c, cfg, i == 0) for i, c in enumerate(r.comparisons)]
+        arm_rows += arm_table_rows(r, cfg)
     notes = [
         "Δ = first arm - second arm over seeds run by both (paired: one seed fixes the data order "
         "and the shared initial weights); 95 % t interval. A difference counts when the interval "
@@ -433,10 +492,19 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
               columns=headline_columns, rows=headline, notes=notes, provenance=provenance_line(runs, ctx.stamp)),
         Table(name="claims_all", title="Claims: every comparison (primary first, then secondary)",
               columns=columns, rows=every, provenance=provenance_line(runs, ctx.stamp)),
-        arm_table(results, cfg),
+        arm_table(arm_rows),
     ]
+    if carried:
+        tables[0].notes.append("Carried over from the previous render, unchanged, because no record of "
+                               "their runs is in the records rendered here: " + ", ".join(sorted(carried))
+                               + " (their figures too).")
     figures = []
     for r in results:
+        if r.claim.id in carried:
+            name = f"claim_{r.claim.id.lower()}.png"
+            if (ctx.out_dir / "figures" / name).is_file():
+                figures.append(Figure(Path("figures") / name, f"Claim {r.claim.id} (carried over)"))
+            continue
         arms = {cfg.arms[name].title: _arm_runs(r, name) for name in r.arm_runs}
         runs_ = [run for rs in arms.values() for run in rs]
         task = runs_[0].task if runs_ else ""

@@ -16,7 +16,8 @@ class Context:
 
     runs: list[Run]
     out_dir: Path
-    stamp: str  # commit, date and machine of this rendering
+    stamp: str  # how this rendering was made (provenance.render_stamp)
+    carry_over: bool = False  # keep what the runs here cannot rebuild from the previous render
 
     def figure_path(self, name: str) -> tuple[Path, Path]:
         """(absolute, relative to out_dir) path of figures/<name>; creates the folder."""

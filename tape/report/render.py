@@ -90,7 +90,7 @@ class Carried:
 
     experiment: str  # e.g. "addition/cpu" (see Experiment.prefix)
     scale: str
-    section: CarriedSection
+    section: CarriedSection | None  # None: a claim-only experiment (the Claims section carries its rows)
     rows: list[dict[str, str]]  # its rows of the previous runs.csv, kept as they were
 
     def owns(self, experiment: str) -> bool:
@@ -152,6 +152,14 @@ def to_carry(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_dir
             if markdown is not None:
                 carried.append(Carried(exp.prefix.format(scale=scale), scale,
                                        CarriedSection(title, markdown), rows))
+    for experiment in sorted({row.get("experiment", "") for row in committed}):
+        scale = experiment.split("/")[1] if "/" in experiment else ""  # claim-only: addition_c1/cpu
+        if scale not in scales or any(exp.owns(experiment, scale) for exp in EXPERIMENTS):
+            continue
+        rows = [row for row in committed if row.get("experiment") == experiment]
+        if any(row.get("used", "").startswith(USED) for row in rows) and not any(
+                r.finished and r.experiment == experiment for r in runs):
+            carried.append(Carried(experiment, scale, None, rows))  # the Claims section keeps its table rows
     return carried
 
 
@@ -204,8 +212,8 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
         raise WouldLoseResults("; ".join(problems))
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = render_stamp()
-    ctx = Context(runs=runs, out_dir=out_dir, stamp=stamp)
-    kept: dict[str, Section] = {c.section.title: c.section for c in carried}
+    ctx = Context(runs=runs, out_dir=out_dir, stamp=stamp, carry_over=carry_over)
+    kept: dict[str, Section] = {c.section.title: c.section for c in carried if c.section is not None}
     sections = [kept[title] if (title := exp.title.format(scale=scale)) in kept else exp.build(ctx, scale)
                 for scale in chosen for exp in EXPERIMENTS]
     sections.append(efficiency.build(ctx))
