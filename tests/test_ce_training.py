@@ -126,6 +126,11 @@ def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
     strategy = instantiate(compose_config("config", ["trainer=fsdp"]).trainer.strategy)
     policy = strategy.kwargs["auto_wrap_policy"]
     assert callable(policy.__call__) and not isinstance(policy, (list, tuple))
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    strategy.precision_plugin = FSDPPrecision("bf16-mixed")  # as the Trainer sets it from the preset
+    precision = strategy.mixed_precision_config  # what Lightning hands FSDP under trainer=fsdp
+    assert (precision.param_dtype, precision.reduce_dtype, precision.buffer_dtype) == (torch.float32,) * 3
     store = tempfile.mktemp()
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
@@ -133,7 +138,8 @@ def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
         hf = build(base_dir, "tape_mix", torch.float32)
         for model, layer_type, n_layers in ((ours, Block, 3), (hf, LlamaDecoderLayer, 2)):
             keys = set(model.state_dict())
-            wrapped = FSDP(model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu"))
+            wrapped = FSDP(model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu"),
+                           mixed_precision=precision)
             units = [m for m in wrapped.modules() if isinstance(m, FSDP)]
             assert len(units) == n_layers + 1  # one per block, plus the root
             assert all(isinstance(u.module, layer_type) for u in units[1:])
@@ -141,8 +147,14 @@ def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
             before = [p.detach().clone() for p in params]
             opt = torch.optim.AdamW(params, lr=1e-3)
             ids = batches(0)["input_ids"]
-            logits = wrapped(ids).logits if model is ours else wrapped(input_ids=ids).logits
-            torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16-mixed: autocast, as on GPU
+                logits = wrapped(ids).logits if model is ours else wrapped(input_ids=ids).logits
+            torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V).float(), ids[:, 1:].reshape(-1)).backward()
+            assert {p.dtype for p in wrapped.parameters()} == {torch.float32}
+            assert {b.dtype for b in wrapped.buffers() if b.is_floating_point()} <= {torch.float32}
+            if model is hf:  # HF Llama's rotary frequencies: bf16 would put radians of error at 8k
+                assert any("inv_freq" in n for n, _ in wrapped.named_buffers())
+            clip_under(strategy, wrapped, opt, 1e-3)
             opt.step()
             assert all(not torch.equal(b, p.detach()) for b, p in zip(before, params) if p.grad is not None)
             assert sum(p.grad is not None for p in params) > 0.9 * len(params)
@@ -151,6 +163,24 @@ def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
                 assert set(wrapped.state_dict()) == keys  # evaluation gets every full weight
     finally:
         dist.destroy_process_group()
+
+
+def clip_under(strategy, wrapped, optimizer, value: float) -> None:
+    """Norm clipping as Lightning asks a module for it under trainer=fsdp (the FSDP precision
+    plugin, which refuses norm clipping, in place): FSDP's root module clips over every shard."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    from tape.lightning import CausalLMModule
+
+    strategy.model = wrapped
+    module = CausalLMModule.__new__(CausalLMModule)
+    L.LightningModule.__init__(module)
+    module._trainer = SimpleNamespace(strategy=strategy, precision_plugin=FSDPPrecision("bf16-mixed"))
+    module.configure_gradient_clipping(optimizer, gradient_clip_val=value, gradient_clip_algorithm="norm")
+    grads = [p.grad for p in wrapped.parameters() if p.grad is not None]
+    assert torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) <= value * 1.0001
 
 
 def test_full_weights_through_the_checkpoint_path_equal_the_trained_module(tmp_path, base_dir):

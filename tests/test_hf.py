@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # 
 
 from tape.hf import TapeLlamaForCausalLM, add_tape  # noqa: E402
 from tape.hf.recipes import apply_recipe, trainable_parameters  # noqa: E402
+from tape.hf.io import enable_checkpointing  # noqa: E402
 from tape.hf.s2attn import shifted_sparse_attention  # noqa: E402
 from tape.model.generate import greedy_generate  # noqa: E402
 
@@ -150,7 +151,7 @@ def test_activation_checkpointing_recomputes_layers_and_keeps_gradients():
         _randomize_tape(model)
         model.train()
         if ckpt:
-            model.activation_checkpointing_enable()
+            enable_checkpointing(model)  # transformers 5.17 (the GPU image) and 5.23
         count, layer_fn = [0], model.model._layer
 
         def counted(*args, _fn=layer_fn, _count=count):
@@ -251,3 +252,21 @@ def test_s2attn_rejects_lengths_that_do_not_split():
     q = torch.randn(1, 4, 18, 8)
     with pytest.raises(ValueError, match="groups"):
         shifted_sparse_attention(q, q, q, 4)
+
+
+def test_checkpointing_is_enabled_by_either_transformers_name() -> None:
+    """transformers 5.17 (the GPU image) has only gradient_checkpointing_enable; 5.23 adds
+    activation_checkpointing_enable: the helper takes whichever the model has."""
+    called: list[str] = []
+
+    class Old(torch.nn.Module):
+        def gradient_checkpointing_enable(self) -> None:
+            called.append("gradient")
+
+    class New(Old):
+        def activation_checkpointing_enable(self) -> None:
+            called.append("activation")
+
+    enable_checkpointing(Old())
+    enable_checkpointing(New())
+    assert called == ["gradient", "activation"]

@@ -38,6 +38,13 @@ def build_llama(vocab_size: int, hidden_size: int, intermediate_size: int, num_l
     return LlamaForCausalLM(config)
 
 
+def enable_checkpointing(model: nn.Module) -> None:
+    """Recompute decoder layers in backward: transformers >= 5.23 names it
+    ``activation_checkpointing_enable``, earlier releases ``gradient_checkpointing_enable``."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
 def mergeable(model: nn.Module) -> nn.Module:
     """The plain model to save or evaluate: peft adapters merged, full attention at inference."""
     if hasattr(model, "merge_and_unload"):

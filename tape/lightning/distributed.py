@@ -5,7 +5,30 @@ from __future__ import annotations
 import importlib
 from typing import Sequence
 
+import lightning as L
+import torch
+from lightning.pytorch.strategies import FSDPStrategy
+from torch.distributed.fsdp import MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+def autocast_only_precision() -> MixedPrecision:
+    """FSDP keeps parameters, gradient reductions and buffers (rotary frequencies) in fp32;
+    low precision comes only from the bf16 autocast Lightning opens for ``bf16-mixed``.
+    Lightning's default for bf16-mixed casts all three, buffers included, to bf16."""
+    return MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+
+
+def clip_gradients(module: L.LightningModule, optimizer: torch.optim.Optimizer,
+                   gradient_clip_val: float | None, gradient_clip_algorithm: str | None) -> None:
+    """Lightning's clipping, except norm clipping under FSDP, which Lightning refuses: there the
+    sharded root module clips, with the norm over every shard (FSDP's ``clip_grad_norm_``)."""
+    strategy = module.trainer.strategy
+    if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(strategy, FSDPStrategy):
+        strategy.model.clip_grad_norm_(gradient_clip_val)
+        return
+    module.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                          gradient_clip_algorithm=gradient_clip_algorithm)
 
 
 def module_wrap_policy(classes: Sequence[str]) -> ModuleWrapPolicy:

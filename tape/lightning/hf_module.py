@@ -13,9 +13,11 @@ import logging
 from typing import Any
 
 import lightning as L
+import torch
 from torch import Tensor, nn
 
 from tape.hf.loss import split_losses, weighted_loss
+from tape.lightning.distributed import clip_gradients
 from tape.schedule import adamw_with_schedule
 
 log = logging.getLogger("tape.lightning")
@@ -75,6 +77,10 @@ class HFCausalLMModule(L.LightningModule):
             self.history.append({"step": step, **values, "lr": lr})
             log.info("%s step %d: %s lr=%.3g", hp.stage, step,
                      " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items())), lr)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)  # FSDP: its own norm
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from tape.data.addition import IGNORE_INDEX
 from tape.model import DecoderLM, ModelConfig
+from tape.lightning.distributed import clip_gradients
 from tape.schedule import adamw_with_schedule
 
 
@@ -75,6 +76,10 @@ class CausalLMModule(L.LightningModule):
         longer depends on how many steps this process has run (exact resume)."""
         words = [self.hparams.seed, self.global_rank, batch_index]
         torch.manual_seed(int(np.random.SeedSequence(words).generate_state(1)[0]))
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        clip_gradients(self, optimizer, gradient_clip_val, gradient_clip_algorithm)  # FSDP: its own norm
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams

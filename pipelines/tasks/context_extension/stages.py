@@ -40,7 +40,7 @@ from pipelines.callbacks import OneLineModelSummary
 from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
 from pipelines.utils import PipelineConfigError, is_rank_zero
 from tape.data.passkey import garbage_for_tokens
-from tape.hf.io import DTYPES, build_llama, is_saved_model, load_model, save_model
+from tape.hf.io import DTYPES, build_llama, enable_checkpointing, is_saved_model, load_model, save_model
 from tape.lightning import HFCausalLMModule, IndexedBatchDataModule
 
 log = logging.getLogger("pipelines.context_extension")
@@ -246,9 +246,8 @@ def recipe_stage(cfg: DictConfig, name: str, base_path: Path, base_key: str, dat
         torch.manual_seed(cfg.seed)  # TAPE's fresh maps and LoRA's A matrices
         model = apply_recipe(model, recipe, target_context=cfg.extend.context,
                              original_context=cfg.model.context, **options)
-        if cfg.extend.gradient_checkpointing:  # transformers 5 name, else the older one
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            enable()
+        if cfg.extend.gradient_checkpointing:
+            enable_checkpointing(model)
         return set_dtypes(model.train(), frozen)
 
     garbage = (0, _garbage(data, cfg.extend.context, "extend.context")) if cfg.extend.passkey_rows else (0, 0)
