@@ -386,3 +386,17 @@ def test_records_are_written_as_runs_finish_and_count_as_finished(tmp_path: Path
     assert [c for c in again.calls if "pipelines.train" in c] == [  # only the runs that failed
         "python -m pipelines.train experiment=addition/cpu pe=fire seed=0",
         "python -m pipelines.train experiment=pretrain/cpu pe=fire seed=0"]
+
+
+def test_gpu_profile_runs_only_the_gpu_claims_and_their_presets_compose(tmp_path: Path) -> None:
+    from conftest import compose_config
+
+    steps = plan("gpu", runs_dir=tmp_path / "runs")
+    assert {s.experiment for s in steps} == {"addition_c1/gpu", "flipflop/gpu"}
+    assert {s.name: s.seeds for s in steps}["C3g-tape"] == tuple(range(10))
+    assert not any(s.experiment.endswith("/gpu") for s in plan("cpu", runs_dir=tmp_path / "runs"))
+    c1 = compose_config("config", ["experiment=addition_c1/gpu", "pe=tape", "model.abacus=true"])
+    assert (c1.model.n_layers, c1.model.d_model, c1.task.max_digits, c1.task.eval_max_digits) == (8, 512, 10, 20)
+    assert c1.trainer.precision == "bf16-mixed" and c1.scale == "gpu"
+    ff = compose_config("config", ["experiment=flipflop/gpu", "pe=rope"])
+    assert (ff.task.seq_len, ff.task.eval_sequences, ff.experiment_name) == (512, 10000, "flipflop/gpu")
