@@ -28,6 +28,18 @@ def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``-m cuda`` tests need a GPU: elsewhere they are skipped, with the reason in the summary."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here); run them on one with make gpu-check")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never reach the network: W&B offline, Hugging Face offline."""

@@ -1,5 +1,7 @@
-"""The Triton [V | E] attention kernel, run on CPU tensors under the Triton interpreter, against
-float64 autograd of the eager reference: outputs, LSE and the gradients of q, k, v and E."""
+"""The Triton [V | E] attention kernel against float64 autograd of the eager reference: outputs,
+LSE and the gradients of q, k, v and E. On CPU tensors it runs under the Triton interpreter; on a
+GPU the compiled kernel is tested instead (``-m cuda``) and the interpreter tests are skipped,
+with the reason printed (triton 3.6's interpreter breaks on numpy >= 2.4)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,24 @@ from tape.kernels.triton_attention import (  # noqa: E402
     check_inputs,
     fused_attention,
 )
+
+
+def _interpreter_problem() -> str:
+    """Why the interpreter tests cannot run here ("" when they can)."""
+    if torch.cuda.is_available():
+        return "a CUDA device is here: the compiled kernel is tested instead (-m cuda)"
+    try:
+        attention_forward(*[torch.zeros(1, 1, 1, 16) for _ in range(4)], block=16)
+    except Exception as err:  # noqa: BLE001 - any failure of the interpreter itself
+        import numpy as np
+        import triton
+        return (f"the Triton interpreter fails here (triton {triton.__version__}, numpy {np.__version__}: "
+                f"{type(err).__name__}: {err})")
+    return ""
+
+
+INTERPRETER_PROBLEM = _interpreter_problem()
+interpreted = pytest.mark.skipif(bool(INTERPRETER_PROBLEM), reason=INTERPRETER_PROBLEM)
 
 
 def reference(q, k, v, e):
@@ -36,11 +56,12 @@ def _inputs(b, h, hkv, nq, nk, d, dv, de, seed=0):
     return [torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes]
 
 
-def _compare(shape, dtype=torch.float32, tol=2e-5, block=16, only_e=False, seed=0):
-    """Max errors of the kernel (in ``dtype``) against float64 autograd, relative to the scale."""
+def _compare(shape, dtype=torch.float32, tol=2e-5, block=16, only_e=False, seed=0, device="cpu"):
+    """Max errors of the kernel (in ``dtype``, on ``device``) against float64 autograd on the
+    CPU, relative to the scale."""
     exact = _inputs(*shape, seed=seed)
     exact = [x.to(dtype).double() for x in exact]  # the reference sees the same rounded inputs
-    ours = [x.to(dtype).requires_grad_() for x in exact]
+    ours = [x.to(device=device, dtype=dtype).requires_grad_() for x in exact]
     ref = [x.clone().requires_grad_() for x in exact]
     o, oe = fused_attention(*ours, block=block)
     _, _, lse = attention_forward(*[x.detach() for x in ours], block=block)
@@ -48,14 +69,14 @@ def _compare(shape, dtype=torch.float32, tol=2e-5, block=16, only_e=False, seed=
     gen = torch.Generator().manual_seed(seed + 1)
     g_o = torch.zeros_like(r_o) if only_e else torch.randn(r_o.shape, generator=gen, dtype=torch.float64)
     g_oe = torch.randn(r_oe.shape, generator=gen, dtype=torch.float64)
-    ((o.double() * g_o).sum() + (oe.double() * g_oe).sum()).backward()
+    ((o.double().cpu() * g_o).sum() + (oe.double().cpu() * g_oe).sum()).backward()
     ((r_o * g_o).sum() + (r_oe * g_oe).sum()).backward()
     assert o.dtype == oe.dtype == dtype and lse.dtype == torch.float32
     pairs = {"o": (o, r_o), "oe": (oe, r_oe), "lse": (lse, r_lse)}
     pairs.update({f"d{n}": (a.grad, r.grad) for n, a, r in zip("qkve", ours, ref)})
     for name, (got, want) in pairs.items():
         assert got.shape == want.shape, name
-        err = (got.double() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
+        err = (got.double().cpu() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
         assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e} at {shape}, {dtype}"
     return ref
 
@@ -71,22 +92,26 @@ SHAPES = {
 }
 
 
+@interpreted
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
 def test_fp32_matches_float64_autograd(shape):
     _compare(shape)
 
 
+@interpreted
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 3e-3), (torch.bfloat16, 3e-2)])
 def test_half_precision_inputs_accumulate_in_fp32(dtype, tol):
     _compare((1, 2, 1, 21, 30, 24, 24, 12), dtype=dtype, tol=tol)
 
 
+@interpreted
 def test_dq_dk_carry_the_e_path():
     """With a loss on A·E alone, dq and dk are the reference's (the official kernel returns 0)."""
     ref = _compare((1, 2, 2, 20, 20, 16, 16, 16), only_e=True)
     assert ref[0].grad.abs().max() > 1e-3 and ref[1].grad.abs().max() > 1e-3
 
 
+@interpreted
 @settings(max_examples=6, deadline=None)
 @given(
     nq=st.integers(1, 24), extra_keys=st.integers(0, 9), groups=st.sampled_from([1, 2]),
@@ -96,6 +121,7 @@ def test_random_shapes_match(nq, extra_keys, groups, de, block, seed):
     _compare((1, 2 * groups, 2, nq, nq + extra_keys, 16, 16, de), block=block, seed=seed)
 
 
+@interpreted
 def test_non_contiguous_layout_matches():
     """q, k, v in the (B, N, H, d) projection layout, viewed as (B, H, N, d): strides are honoured."""
     q, k, v, e = _inputs(1, 2, 2, 18, 18, 16, 16, 16)
@@ -118,6 +144,7 @@ def test_bad_input_is_refused(bad, message):
         check_inputs(*[x.float() for x in _inputs(**shape)])
 
 
+@interpreted
 def test_gradients_of_sliced_and_expanded_inputs():
     """q, k, v sliced from one projection and an expanded E (as layer 0's table): the backward
     writes dense gradients, not through the inputs' strides (which crashed or raced before)."""
@@ -136,3 +163,63 @@ def test_gradients_of_sliced_and_expanded_inputs():
     torch.testing.assert_close(outs[0][0].double(), outs[1][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ours_qkv.grad.double(), ref_qkv.grad, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ours_base.grad.double(), ref_base.grad, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------- compiled, on a GPU
+CUDA_SHAPES = {
+    "tails, head dim 64": (2, 4, 4, 100, 100, 64, 64, 64),
+    "GQA 8/2, head dim 128": (1, 8, 2, 77, 77, 128, 128, 128),
+    "prefill after a cache": (1, 4, 2, 40, 129, 64, 64, 64),
+    "decode: one query": (2, 8, 2, 1, 300, 128, 128, 128),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float16, 3e-3), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("shape", list(CUDA_SHAPES.values()), ids=list(CUDA_SHAPES))
+def test_compiled_kernel_matches_float64_autograd(shape, dtype, tol):
+    _compare(shape, dtype=dtype, tol=tol, block=None, device="cuda")
+
+
+# ---------------------------------------------------------------------------- GPU decisions, faked
+def test_fp32_wide_heads_start_at_a_block_that_fits_a_gpu():
+    from tape.kernels.triton_attention import default_block
+
+    assert default_block("cuda", torch.float32, 128) == 32  # 246-312 KB at 64 > 227 KB on an H100
+    assert default_block("cuda", torch.float32, 64) == 64
+    assert default_block("cuda", torch.bfloat16, 128) == default_block("cuda", torch.float16, 128) == 64
+    assert default_block("cpu", torch.float32, 128) == 16  # the interpreter
+
+
+def test_a_launch_out_of_shared_memory_retries_with_half_the_block(monkeypatch):
+    """Compiled launches (faked: no GPU here) that need more shared memory than the device has
+    are retried at half the block, and the block that fitted is used first next time."""
+    from triton.runtime.errors import OutOfResources
+
+    import tape.kernels.triton_attention as kernels
+
+    tried: list[tuple[int, tuple[int, int]]] = []
+
+    class Fake:
+        def __getitem__(self, grid):
+            def run(*args, **meta):
+                tried.append((meta["BLOCK_M"], grid))
+                if meta["BLOCK_M"] > limit:
+                    raise OutOfResources(246016, 232448, "shared memory")
+            return run
+
+    monkeypatch.setattr(kernels, "_kernel", lambda fn, interpret: Fake())
+    monkeypatch.setattr(kernels, "_FITTING", {})
+    meta = dict(PREC="ieee", UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128, BLOCK_DE=128)
+    x = torch.zeros(1)
+    limit = 32
+    kernels._launch(kernels._fwd, 100, 4, False, x, **meta)
+    assert tried == [(64, (2, 4)), (32, (4, 4))]
+    tried.clear()
+    kernels._launch(kernels._fwd, 100, 4, False, x, **meta)
+    assert tried == [(32, (4, 4))]  # remembered: no second failed launch
+    limit = 8  # not even the smallest block fits: the error surfaces
+    monkeypatch.setattr(kernels, "_FITTING", {})
+    with pytest.raises(OutOfResources):
+        kernels._launch(kernels._fwd, 100, 4, False, x, **meta)
+    assert [b for b, _ in tried[-3:]] == [64, 32, 16]

@@ -24,10 +24,15 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 MAX_HEAD_DIM = 128
+MIN_BLOCK = 16
+# Compiled for sm_90 with triton 3.6, fp32 tiles of head dim 128 need 246-312 KB of shared memory
+# at BLOCK 64 (an H100 allows 227 KB) and 118-152 KB at BLOCK 32; bf16/fp16 fit at 64.
+FP32_WIDE = 64  # fp32 with a head dim above this starts at BLOCK 32 on a GPU
 
 
 @triton.jit
@@ -205,12 +210,38 @@ def _interpreting() -> Iterator[None]:
         JITFunction.__call__ = original
 
 
-def _launch(fn, grid: tuple[int, int], interpret: bool, *args, **meta) -> None:
-    if not interpret:
-        _kernel(fn, False)[grid](*args, **meta)
+_FITTING: dict[tuple, int] = {}  # (kernel, dtype, tile widths) -> the largest block that launched
+
+
+def _launch(fn, rows: int, programs: int, interpret: bool, *args, **meta) -> None:
+    """Run ``fn`` on a (cdiv(rows, BLOCK), programs) grid. Compiled, a launch that needs more
+    shared memory than the device has is retried with half the block (down to MIN_BLOCK), and
+    the block that fits is remembered for the kernel, dtype and tile widths."""
+    if interpret:
+        with _interpreting():
+            _kernel(fn, True)[(triton.cdiv(rows, meta["BLOCK_M"]), programs)](*args, **meta)
         return
-    with _interpreting():
-        _kernel(fn, True)[grid](*args, **meta)
+    key = (fn.__name__, args[0].dtype, meta["BLOCK_D"], meta["BLOCK_DV"], meta["BLOCK_DE"])
+    block = min(meta["BLOCK_M"], _FITTING.get(key, meta["BLOCK_M"]))
+    while True:
+        sized = {**meta, "BLOCK_M": block, "BLOCK_N": block}
+        try:
+            _kernel(fn, False)[(triton.cdiv(rows, block), programs)](*args, **sized)
+        except OutOfResources:
+            if block <= MIN_BLOCK:
+                raise
+            block //= 2
+            continue
+        _FITTING[key] = block
+        return
+
+
+def default_block(device_type: str, dtype: torch.dtype, width: int) -> int:
+    """The first block size to try: 16 under the interpreter; on a GPU 64, or 32 for fp32 tiles
+    wider than FP32_WIDE (see MIN_BLOCK / _launch for what happens when even that does not fit)."""
+    if device_type == "cpu":
+        return MIN_BLOCK
+    return 32 if dtype == torch.float32 and width > FP32_WIDE else 64
 
 
 def _block(width: int) -> int:
@@ -244,10 +275,11 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor) -> None:
 
 
 def _meta(q: Tensor, k: Tensor, v: Tensor, e: Tensor, block: int | None) -> dict:
-    bm = block or (16 if q.device.type == "cpu" else 64)
+    widths = dict(BLOCK_D=_block(q.shape[-1]), BLOCK_DV=_block(v.shape[-1]), BLOCK_DE=_block(e.shape[-1]))
+    bm = block or default_block(q.device.type, q.dtype, max(widths.values()))
     upcast = q.device.type == "cpu" and q.dtype == torch.bfloat16
     return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bm,
-                BLOCK_D=_block(q.shape[-1]), BLOCK_DV=_block(v.shape[-1]), BLOCK_DE=_block(e.shape[-1]))
+                **widths)
 
 
 def attention_forward(
@@ -264,9 +296,8 @@ def attention_forward(
     oe = q.new_empty(b, h, nq, e.shape[-1])
     lse = torch.empty(b, h, nq, device=q.device, dtype=torch.float32)
     meta = _meta(q, k, v, e, block)
-    grid = (triton.cdiv(nq, meta["BLOCK_M"]), b * h)
     _launch(
-        _fwd, grid, q.device.type == "cpu", q, k, v, e, o, oe, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(e),
+        _fwd, nq, b * h, q.device.type == "cpu", q, k, v, e, o, oe, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(e),
         *_strides(o), *_strides(oe), h, h // hkv, nq, nk, d, v.shape[-1], e.shape[-1], scale, **meta,
     )
     return o, oe, lse
@@ -290,13 +321,11 @@ def attention_backward(
     common = (*_strides(q), *_strides(k), *_strides(v), *_strides(e), *_strides(do), *_strides(doe))
     sizes = (nq, nk, d, v.shape[-1], e.shape[-1], scale)
     interpret = q.device.type == "cpu"
-    grid_kv = (triton.cdiv(nk, meta["BLOCK_N"]), b * hkv)
     _launch(
-        _bwd_dkdvde, grid_kv, interpret, q, k, v, e, do, doe, lse, delta, dk, dv, de, *common, h, hkv, h // hkv, *sizes, **meta,
+        _bwd_dkdvde, nk, b * hkv, interpret, q, k, v, e, do, doe, lse, delta, dk, dv, de, *common, h, hkv, h // hkv, *sizes, **meta,
     )
-    grid_q = (triton.cdiv(nq, meta["BLOCK_M"]), b * h)
     _launch(
-        _bwd_dq, grid_q, interpret, q, k, v, e, do, doe, lse, delta, dq, *common, h, h // hkv, *sizes, **meta,
+        _bwd_dq, nq, b * h, interpret, q, k, v, e, do, doe, lse, delta, dq, *common, h, h // hkv, *sizes, **meta,
     )
     return dq, dk, dv, de
 
