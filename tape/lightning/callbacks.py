@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+from torch import Tensor
 
 from tape.data.addition import PAD
 
@@ -18,7 +19,7 @@ class TokensPerSecond(Callback):
 
     def __init__(self, pad_id: int = PAD) -> None:
         self.pad_id = pad_id
-        self._tokens = 0
+        self._tokens: Tensor | int = 0  # a device tensor between logs: read back once per log
         self._t0: float | None = None
         self._val_start = 0.0
 
@@ -36,10 +37,11 @@ class TokensPerSecond(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._tokens += int((batch["input_ids"] != self.pad_id).sum())
+        self._tokens = self._tokens + (batch["input_ids"] != self.pad_id).sum()
         if (batch_idx + 1) % max(1, trainer.log_every_n_steps) or self._t0 is None:
             return
+        tokens = int(self._tokens)  # the one wait for the GPU per log interval, before timing
         elapsed = time.perf_counter() - self._t0
-        rate = self._tokens * trainer.world_size / max(elapsed, 1e-9)
+        rate = tokens * trainer.world_size / max(elapsed, 1e-9)
         pl_module.log("train/tokens_per_s", rate, batch_size=1)
         self._tokens, self._t0 = 0, time.perf_counter()

@@ -26,7 +26,9 @@ def stream_position(trainer: L.Trainer | None) -> tuple[int, int, int]:
 
 
 def loader(stream: IterableDataset) -> DataLoader:
-    return DataLoader(stream, batch_size=None, num_workers=0)  # streams yield whole batches
+    """Streams yield whole batches, made in the main process (a seeded stream resumes exactly);
+    pinned on a GPU machine so the copy to the device does not block."""
+    return DataLoader(stream, batch_size=None, num_workers=0, pin_memory=torch.cuda.is_available())
 
 
 class AdditionDataModule(L.LightningDataModule):

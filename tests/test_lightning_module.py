@@ -1,0 +1,78 @@
+"""CausalLMModule's per-step work: the masked loss and validation metrics without boolean
+indexing (which waits for the GPU every step), the batch index kept on the host, and the
+tokens-per-second callback reading the device once per log interval."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tape.data.addition import IGNORE_INDEX
+from tape.lightning import CausalLMModule
+from tape.lightning.callbacks import TokensPerSecond
+
+V = 18
+
+
+def module() -> CausalLMModule:
+    return CausalLMModule(dict(vocab_size=V, n_layers=1, d_model=32, n_heads=2, max_seq_len=16, pe="tape"))
+
+
+def batch(seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, V, (6, 12), generator=gen)
+    labels = ids.clone()
+    labels[:, :7] = IGNORE_INDEX  # the prompt is not scored
+    labels[0, 7:] = IGNORE_INDEX  # a row with nothing scored
+    return {"input_ids": ids.to(device), "labels": labels.to(device), "batch_index": torch.tensor(3)}
+
+
+def test_loss_and_metrics_equal_the_masked_selection() -> None:
+    m = module().eval()
+    b = batch()
+    logits, targets, mask = m._scored(b)
+    assert logits.shape == (6, 11, V) and mask.sum() == 5 * 5
+    picked_logits, picked_targets = logits[mask], targets[mask]  # what the step used to compute
+    torch.testing.assert_close(m._loss(logits, targets), F.cross_entropy(picked_logits.float(), picked_targets))
+    logged: dict[str, torch.Tensor] = {}
+    m.log = lambda name, value, **_: logged.__setitem__(name, value)  # type: ignore[method-assign]
+    m.validation_step(b, 0)
+    right = picked_logits.argmax(-1) == picked_targets
+    assert logged["val/token_accuracy"].item() == pytest.approx(right.float().mean().item())
+    per_row = torch.ones_like(mask).masked_scatter(mask, right).all(dim=1).float().mean()
+    assert logged["val/exact_match"].item() == pytest.approx(per_row.item())
+
+
+def test_the_batch_index_stays_on_the_host() -> None:
+    moved = module().on_before_batch_transfer(batch(), 0)
+    assert moved["batch_index"] == 3 and type(moved["batch_index"]) is int
+
+
+def test_tokens_per_second_counts_on_the_device_and_reads_once_per_log() -> None:
+    callback = TokensPerSecond(pad_id=0)
+    trainer = SimpleNamespace(log_every_n_steps=2, world_size=1)
+    logged: list[float] = []
+    pl_module = SimpleNamespace(log=lambda name, value, **_: logged.append(value))
+    ids = torch.tensor([[0, 5, 6], [7, 8, 0]])  # 4 non-padding tokens
+    callback.on_train_batch_start(trainer, pl_module, {"input_ids": ids}, 0)
+    callback.on_train_batch_end(trainer, pl_module, None, {"input_ids": ids}, 0)
+    assert isinstance(callback._tokens, torch.Tensor) and not logged  # no read-back between logs
+    callback.on_train_batch_end(trainer, pl_module, None, {"input_ids": ids}, 1)
+    assert len(logged) == 1 and logged[0] > 0 and callback._tokens == 0
+
+
+@pytest.mark.cuda
+def test_a_training_step_never_waits_for_the_gpu() -> None:
+    m = module().cuda().train()
+    b = m.on_before_batch_transfer(batch(device="cuda"), 0)
+    m.log = lambda *a, **k: None  # type: ignore[method-assign]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = m.training_step(b, 0)
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
