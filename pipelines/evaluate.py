@@ -25,6 +25,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pipelines.precision import eval_autocast
 from pipelines.run_source import RunSource, open_run
 from pipelines.tasks import get_task
 from pipelines.utils import (
@@ -144,8 +145,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     labels = source.labels()
     title = f"{labels.get('pe', 'model')} seed {labels.get('seed', '-')}" + (
         f" ({source.ckpt.name})" if source.ckpt else "")
-    metrics: dict[str, Any] = {"task": task_cfg.name, **labels, **facts, "device": device}
-    metrics.update(task.evaluate(model, task_cfg, out_dir, title))
+    metrics: dict[str, Any] = {"task": task_cfg.name, **labels, **facts, "device": device,
+                               "precision": str(cfg.precision)}
+    with eval_autocast(torch.device(device).type, str(cfg.precision)):
+        metrics.update(task.evaluate(model, task_cfg, out_dir, title))
     metrics["wall_time_s"] = time.perf_counter() - t0
     write_json_once(out_dir / "metrics.json", metrics)
     for lg in make_loggers(cfg, source, out_dir):

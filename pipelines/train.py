@@ -18,6 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from pipelines import wandb_log
+from pipelines.precision import eval_autocast
 from pipelines.tasks import get_task
 from pipelines.utils import (
     check_accelerator, check_run_dir_new, check_trainer, claim_run_dir,
@@ -109,9 +110,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     }
     metrics.update({k.replace("/", "_"): float(v) for k, v in trainer.callback_metrics.items()
                     if k.startswith("val/")})
-    if cfg.evaluate:
+    if cfg.evaluate:  # at the precision it trained with (bf16 autocast under bf16-mixed)
         model = module.model.to(trainer.strategy.root_device)
-        metrics.update(task.evaluate(model, cfg.task, run_dir, f"{cfg.pe.name} seed {cfg.seed}"))
+        with eval_autocast(trainer.strategy.root_device.type, str(cfg.trainer.precision)):
+            metrics.update(task.evaluate(model, cfg.task, run_dir, f"{cfg.pe.name} seed {cfg.seed}"))
     metrics["wall_time_s"] = time.perf_counter() - t_start
     wandb_log.log_results(trainer.loggers, run_dir, cfg, trainer.global_step)  # tables, figures
     for lg in trainer.loggers:

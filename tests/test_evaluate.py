@@ -140,7 +140,7 @@ def test_the_gpu_is_used_when_there_is_one(randpe_addition: Path, monkeypatch) -
         return self
 
     monkeypatch.setattr(torch.nn.Module, "to", record)
-    metrics = run_eval(randpe_addition, "task.examples_per_cell=1", "logger=none", name="gpu")
+    metrics = run_eval(randpe_addition, "task.examples_per_cell=1", "logger=none", "precision=32", name="gpu")
     assert "cuda" in moved and metrics["device"] == "cuda"
     monkeypatch.setattr(torch.nn.Module, "to", original)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -247,3 +247,22 @@ def test_paper_passkey_sizes_are_in_the_task_config() -> None:
     task.filler_chars = "${.paper_filler_chars}"  # what the paper preset sets
     assert tuple(task.filler_chars) == PAPER_FILLER_CHARS
     assert evaluate_mod.RERUN_KEYS == tuple(OmegaConf.load(REPO / "conf/evaluate.yaml").task)
+
+
+def test_evaluation_precision_follows_the_request() -> None:
+    """auto: bf16 autocast on a GPU, fp32 on a CPU; a training precision maps to its autocast."""
+    import contextlib
+    import warnings
+
+    from pipelines.precision import eval_autocast
+
+    assert isinstance(eval_autocast("cpu", "auto"), contextlib.nullcontext)
+    assert isinstance(eval_autocast("cuda", "32-true"), contextlib.nullcontext)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no CUDA here: the context is only inspected
+        on_gpu = eval_autocast("cuda", "auto")
+    assert (on_gpu.device, on_gpu.fast_dtype) == ("cuda", torch.bfloat16)
+    with eval_autocast("cpu", "bf16-mixed"):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with pytest.raises(PipelineConfigError, match="precision=bf16: choose"):
+        eval_autocast("cpu", "bf16")

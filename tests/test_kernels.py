@@ -223,3 +223,20 @@ def test_a_launch_out_of_shared_memory_retries_with_half_the_block(monkeypatch):
     with pytest.raises(OutOfResources):
         kernels._launch(kernels._fwd, 100, 4, False, x, **meta)
     assert [b for b, _ in tried[-3:]] == [64, 32, 16]
+
+
+def test_a_decode_step_takes_a_short_query_block():
+    from tape.kernels.triton_attention import _meta
+
+    q, k, v, e = (x.float() for x in _inputs(1, 4, 2, 1, 300, 64, 64, 64))
+    meta = _meta(q, k, v, e, block=64)
+    assert (meta["BLOCK_M"], meta["BLOCK_N"]) == (16, 64)  # 16 query rows, not 64, for one query
+    q_long = torch.zeros(1, 4, 200, 64)
+    assert _meta(q_long, k, v, e, block=64)["BLOCK_M"] == 64
+
+
+@interpreted
+@pytest.mark.parametrize("shape", [(1, 4, 2, 1, 70, 16, 16, 16), (1, 2, 1, 5, 40, 16, 16, 8)],
+                         ids=["decode", "short prefill"])
+def test_query_blocks_shorter_than_key_blocks_match(shape):
+    _compare(shape, block=32)  # BLOCK_M 16, BLOCK_N 32

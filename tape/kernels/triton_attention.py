@@ -213,20 +213,20 @@ def _interpreting() -> Iterator[None]:
 _FITTING: dict[tuple, int] = {}  # (kernel, dtype, tile widths) -> the largest block that launched
 
 
-def _launch(fn, rows: int, programs: int, interpret: bool, *args, **meta) -> None:
-    """Run ``fn`` on a (cdiv(rows, BLOCK), programs) grid. Compiled, a launch that needs more
-    shared memory than the device has is retried with half the block (down to MIN_BLOCK), and
-    the block that fits is remembered for the kernel, dtype and tile widths."""
+def _launch(fn, rows: int, programs: int, interpret: bool, *args, by: str = "BLOCK_M", **meta) -> None:
+    """Run ``fn`` on a (cdiv(rows, meta[by]), programs) grid. Compiled, a launch that needs more
+    shared memory than the device has is retried with half the key block (down to MIN_BLOCK),
+    and the block that fits is remembered for the kernel, dtype and tile widths."""
     if interpret:
         with _interpreting():
-            _kernel(fn, True)[(triton.cdiv(rows, meta["BLOCK_M"]), programs)](*args, **meta)
+            _kernel(fn, True)[(triton.cdiv(rows, meta[by]), programs)](*args, **meta)
         return
     key = (fn.__name__, args[0].dtype, meta["BLOCK_D"], meta["BLOCK_DV"], meta["BLOCK_DE"])
-    block = min(meta["BLOCK_M"], _FITTING.get(key, meta["BLOCK_M"]))
+    block = min(meta["BLOCK_N"], _FITTING.get(key, meta["BLOCK_N"]))
     while True:
-        sized = {**meta, "BLOCK_M": block, "BLOCK_N": block}
+        sized = {**meta, "BLOCK_M": min(meta["BLOCK_M"], block), "BLOCK_N": block}
         try:
-            _kernel(fn, False)[(triton.cdiv(rows, block), programs)](*args, **sized)
+            _kernel(fn, False)[(triton.cdiv(rows, sized[by]), programs)](*args, **sized)
         except OutOfResources:
             if block <= MIN_BLOCK:
                 raise
@@ -275,10 +275,13 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor) -> None:
 
 
 def _meta(q: Tensor, k: Tensor, v: Tensor, e: Tensor, block: int | None) -> dict:
+    """Tile sizes: BLOCK_N keys per step; BLOCK_M query rows, fewer for a short query block (a
+    one-token decode step fills 16 rows, not 64)."""
     widths = dict(BLOCK_D=_block(q.shape[-1]), BLOCK_DV=_block(v.shape[-1]), BLOCK_DE=_block(e.shape[-1]))
-    bm = block or default_block(q.device.type, q.dtype, max(widths.values()))
+    bn = block or default_block(q.device.type, q.dtype, max(widths.values()))
+    bm = min(bn, max(MIN_BLOCK, triton.next_power_of_2(q.shape[-2])))
     upcast = q.device.type == "cpu" and q.dtype == torch.bfloat16
-    return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bm,
+    return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn,
                 **widths)
 
 
@@ -322,7 +325,8 @@ def attention_backward(
     sizes = (nq, nk, d, v.shape[-1], e.shape[-1], scale)
     interpret = q.device.type == "cpu"
     _launch(
-        _bwd_dkdvde, nk, b * hkv, interpret, q, k, v, e, do, doe, lse, delta, dk, dv, de, *common, h, hkv, h // hkv, *sizes, **meta,
+        _bwd_dkdvde, nk, b * hkv, interpret, q, k, v, e, do, doe, lse, delta, dk, dv, de, *common, h, hkv, h // hkv,
+        *sizes, by="BLOCK_N", **meta,
     )
     _launch(
         _bwd_dq, nq, b * h, interpret, q, k, v, e, do, doe, lse, delta, dq, *common, h, h // hkv, *sizes, **meta,

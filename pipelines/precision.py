@@ -1,0 +1,28 @@
+"""The numeric precision of an evaluation: the same autocast a run trained with, or what
+``pipelines.evaluate precision=...`` asks for (bf16 autocast on a GPU by default)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+
+from pipelines.utils import PipelineConfigError
+
+AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+FULL = ("32", "32-true", "64", "64-true")
+
+
+def eval_autocast(device_type: str, precision: str) -> ContextManager:
+    """A context for evaluating on ``device_type`` at ``precision``: ``auto`` (bf16 autocast on
+    a GPU, fp32 on a CPU), a Lightning mixed precision (bf16-mixed, 16-mixed: autocast), or
+    full precision (32, 32-true: no autocast). Weights stay as they are: only autocast lowers."""
+    precision = str(precision)
+    if precision == "auto":
+        precision = "bf16-mixed" if device_type == "cuda" else "32"
+    if precision in FULL:
+        return contextlib.nullcontext()
+    if precision not in AUTOCAST:
+        raise PipelineConfigError(f"precision={precision}: choose auto, 32, bf16-mixed or 16-mixed")
+    return torch.autocast(device_type, dtype=AUTOCAST[precision])
