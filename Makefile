@@ -48,6 +48,20 @@ wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B
 	find runs -type d -name 'offline-run-*' -print0 | xargs -0 -r $(BIN)/wandb sync
 .PHONY: reproduce-table report wandb-sync
 
+# wheelhouse: wheels for a GPU node without network (Python $(PY)); install there with
+#   pip install --no-index --find-links .whl hydra-core omegaconf   (WITH="wandb==0.31.0 ..." for more)
+PY   ?= 3.12
+WITH ?=
+WHEEL_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 any,--platform $(p))
+
+wheelhouse:  ## Wheels of what a GPU node lacks (hydra-core, omegaconf, antlr4 built from its sdist) into .whl/ for PY=3.12; WITH= adds packages
+	mkdir -p .whl
+	$(PIP) download --quiet --no-deps --only-binary=:all: --python-version $(PY) --implementation cp \
+		$(WHEEL_PLATFORMS) -d .whl hydra-core==1.3.8 omegaconf==2.3.1 $(WITH)
+	$(PIP) wheel --quiet --no-deps -w .whl antlr4-python3-runtime==4.9.3
+	@ls .whl
+.PHONY: wheelhouse
+
 clean:  ## Remove caches (never runs/ or results/)
 	rm -rf .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
