@@ -1,0 +1,218 @@
+"""Prove the CUDA path on one GPU: ``python -m pipelines.gpu_check`` (``make gpu-check``).
+
+Runs, each step in its own process with a time limit, and records verdicts, times and logs in
+``runs/gpu-check/<time>/`` (summary.json, summary.md, one log per step):
+
+1. the compiled Triton kernel and the sync-free training step (``pytest -m cuda``);
+2. the TAPE model at the paper's 155M shape, N = 1024, bf16 autocast: Triton kernel vs SDPA vs
+   float64 logits and gradients (``python -m pipelines.gpu_check model``);
+3. ``pipelines.train`` on CUDA: every experiment's smoke preset with bf16-mixed, and FSDP on one
+   GPU with gradient clipping on;
+4. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``).
+
+``--dry-run`` lists the steps and runs nothing (a wiring check on any machine); ``--render
+results/gpu.md`` writes the results page from a summary, and refuses a summary that did not run
+on a GPU: nothing GPU-shaped is ever written from a CPU run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
+GPU = ("trainer=gpu", "logger=csv")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One step: a command and its time limit (seconds)."""
+
+    name: str
+    argv: tuple[str, ...]
+    limit_s: int
+
+
+@dataclass
+class Outcome:
+    name: str
+    command: str
+    passed: bool
+    wall_s: float
+    returncode: int | None  # None: cut off at its limit
+    log: str
+    tail: list[str] = field(default_factory=list)
+
+
+def checks(runs_dir: Path) -> list[Check]:
+    """Every step, in the order it runs (the cheapest proofs first)."""
+    py = (sys.executable,)
+    out = [Check("kernel and training step (pytest -m cuda)", (*py, "-m", "pytest", "-q", "-m", "cuda", "tests"), 240),
+           Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120)]
+    for exp in SMOKE_EXPERIMENTS:
+        out.append(Check(f"train {exp}/smoke, bf16-mixed", (*py, "-m", "pipelines.train", f"experiment={exp}/smoke",
+                                                           *GPU, f"paths.runs_dir={runs_dir}"), 180))
+    out.append(Check("train addition/smoke, FSDP on one GPU, clipping on",
+                     (*py, "-m", "pipelines.train", "experiment=addition/smoke", "trainer=fsdp",
+                      "trainer.devices=1", "logger=csv", "trainer.gradient_clip_val=0.5", f"paths.runs_dir={runs_dir}"), 180))
+    out.append(Check("benchmark at the paper's shape", (*py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
+                                                        f"output_dir={runs_dir / 'benchmark'}"), 300))
+    return out
+
+
+def run_check(check: Check, log_dir: Path) -> Outcome:
+    """Run one step, its output to ``<log_dir>/<n>.log``; a step past its limit fails."""
+    log = log_dir / f"{len(list(log_dir.glob('*.log'))):02d}.log"
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        try:
+            code: int | None = subprocess.run(check.argv, stdout=f, stderr=subprocess.STDOUT,
+                                              timeout=check.limit_s).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    lines = log.read_text(errors="replace").splitlines()
+    return Outcome(check.name, shlex.join(check.argv), code == 0, time.perf_counter() - t0, code,
+                   log.name, lines[-12:])
+
+
+PAPER_155M = dict(vocab_size=32000, n_layers=12, d_model=768, n_heads=12)
+
+
+def model_check(n: int = 1024, batch: int = 2, device: str = "cuda",
+                shape: dict | None = None) -> dict[str, float]:
+    """The TAPE model (the paper's 155M shape by default) under bf16 autocast, Triton kernel
+    against SDPA, both against float64 eager: max relative errors of the logits and of the
+    gradients. Raises when the kernel's error exceeds max(2e-2, 3 x SDPA's own error)."""
+    import torch
+
+    from tape.model import DecoderLM, ModelConfig
+
+    torch.manual_seed(0)
+    cfg = dict(**(shape or PAPER_155M), max_seq_len=n, pe="tape")
+    ids = torch.randint(0, cfg["vocab_size"], (batch, n), device=device)
+    base = DecoderLM(ModelConfig(**cfg, attn_backend="eager")).to(device)
+    results: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+    for name, backend, dtype in (("float64", "eager", torch.float64), ("sdpa", "sdpa", torch.bfloat16),
+                                 ("triton", "triton", torch.bfloat16)):
+        model = DecoderLM(ModelConfig(**cfg, attn_backend=backend)).to(device)
+        model.load_state_dict(base.state_dict())
+        if dtype == torch.float64:
+            model = model.double()
+        model.zero_grad()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=dtype != torch.float64):
+            logits = model(ids).logits.double()
+        logits.logsumexp(-1).mean().backward()
+        results[name] = (logits.detach(), [p.grad.double() for p in model.parameters() if p.grad is not None])
+
+    def err(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+    ref_logits, ref_grads = results["float64"]
+    out = {}
+    for name in ("sdpa", "triton"):
+        logits, grads = results[name]
+        out[f"{name}_logits"] = err(logits, ref_logits)
+        out[f"{name}_grads"] = max(err(g, r) for g, r in zip(grads, ref_grads))
+    for part in ("logits", "grads"):
+        bound = max(2e-2, 3 * out[f"sdpa_{part}"])
+        if out[f"triton_{part}"] > bound:
+            raise AssertionError(f"Triton {part} error {out[f'triton_{part}']:.3g} > {bound:.3g}")
+    return out
+
+
+def summary_md(summary: dict) -> str:
+    """The results page: device and versions, then one row per step."""
+    rows = [f"| {o['name']} | {'pass' if o['passed'] else 'FAIL'} | {o['wall_s']:.0f} s | `{o['log']}` |"
+            for o in summary["outcomes"]]
+    env = summary["environment"]
+    return "\n".join([
+        "# The CUDA path on a GPU", "",
+        f"Rendered by `python -m pipelines.gpu_check --render` from `{summary['dir']}`, a run of "
+        f"`make gpu-check` at commit {env['commit']} on {env['device']} (driver {env['driver']}; "
+        f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}). Never typed by hand.", "",
+        "| check | verdict | wall time | log |", "|---|---|---|---|", *rows, "",
+        f"{sum(o['passed'] for o in summary['outcomes'])} of {len(summary['outcomes'])} checks passed.", ""])
+
+
+def environment() -> dict[str, str]:
+    import torch
+
+    from tape.bench.machine import commit_label
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    gpu = torch.cuda.is_available()
+    driver = "-"
+    if gpu:
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=30).stdout.strip() or "-"
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "gpu": str(gpu), "driver": driver,
+            "torch": torch.__version__, "triton": triton_version, "cuda": str(torch.version.cuda),
+            "commit": commit_label(Path(__file__).resolve().parents[1])}
+
+
+def render(summary_dir: Path, out: Path) -> None:
+    """results/gpu.md from a gpu-check summary; a summary made without a GPU is refused."""
+    summary = json.loads((summary_dir / "summary.json").read_text())
+    if summary["environment"].get("gpu") != "True":
+        raise SystemExit(f"{summary_dir}: this gpu-check ran without a GPU ({summary['environment']['device']}); "
+                         f"{out} is written only from a run on a GPU")
+    out.write_text(summary_md(summary))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipelines.gpu_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", nargs="?", choices=["model"], help="run one in-process step (used by the checks)")
+    p.add_argument("--runs", type=Path, default=Path("runs"))
+    p.add_argument("--dry-run", action="store_true", help="list the checks; run nothing")
+    p.add_argument("--render", type=Path, metavar="OUT", help="write OUT (results/gpu.md) from --summary")
+    p.add_argument("--summary", type=Path, help="a runs/gpu-check/<time> directory (default: the newest)")
+    args = p.parse_args(argv)
+    if args.step == "model":
+        print(json.dumps(model_check()))
+        return 0
+    if args.render:
+        summary = args.summary or max((args.runs / "gpu-check").glob("*/summary.json")).parent
+        render(summary, args.render)
+        print(f"wrote {args.render} from {summary}")
+        return 0
+    out_dir = args.runs / "gpu-check" / time.strftime("%Y%m%d-%H%M%S")
+    steps = checks(out_dir / "runs")
+    if args.dry_run:
+        for check in steps:
+            print(f"[{check.limit_s:>3} s] {check.name}: {shlex.join(check.argv)}")
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("pipelines.gpu_check: no CUDA device here; run it on a GPU machine (--dry-run lists the checks)",
+              file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True)
+    outcomes = []
+    for check in steps:
+        outcomes.append(run_check(check, out_dir))
+        print(f"{'pass' if outcomes[-1].passed else 'FAIL'} {check.name} ({outcomes[-1].wall_s:.0f} s)", flush=True)
+    summary = {"dir": str(out_dir), "environment": environment(), "outcomes": [asdict(o) for o in outcomes]}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "summary.md").write_text(summary_md(summary))
+    print(f"summary: {out_dir / 'summary.md'}")
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

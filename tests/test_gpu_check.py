@@ -1,0 +1,64 @@
+"""make gpu-check wired on a CPU: the checks it runs, its refusal without a GPU, and a results
+page that is only ever written from a run on a GPU (the summaries below are test fixtures)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipelines import gpu_check
+
+
+def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
+    assert gpu_check.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "pytest -q -m cuda tests" in out and "pipelines.gpu_check model" in out
+    for exp in gpu_check.SMOKE_EXPERIMENTS:
+        assert f"experiment={exp}/smoke trainer=gpu logger=csv" in out
+    assert "trainer=fsdp trainer.devices=1" in out and "gradient_clip_val=0.5" in out
+    assert "pipelines.benchmark device=cuda scale=paper" in out
+
+
+def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    assert gpu_check.main(["--runs", str(tmp_path)]) == 2
+    assert "no CUDA device" in capsys.readouterr().err and not (tmp_path / "gpu-check").exists()
+
+
+def summary(tmp_path: Path, gpu: bool) -> Path:
+    run = tmp_path / "gpu-check" / "20261126-000000"
+    run.mkdir(parents=True)
+    env = {"device": "NVIDIA H100 80GB HBM3" if gpu else "cpu", "gpu": str(gpu), "driver": "580.1",
+           "torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "commit": "0123456789ab"}
+    outcomes = [{"name": "kernel", "command": "pytest -m cuda", "passed": True, "wall_s": 12.0,
+                 "returncode": 0, "log": "00.log", "tail": []},
+                {"name": "fsdp", "command": "train", "passed": False, "wall_s": 30.0,
+                 "returncode": 1, "log": "01.log", "tail": []}]
+    (run / "summary.json").write_text(json.dumps({"dir": str(run), "environment": env, "outcomes": outcomes}))
+    return run
+
+
+def test_the_page_renders_from_a_gpu_run_only(tmp_path: Path) -> None:
+    page = tmp_path / "gpu.md"
+    with pytest.raises(SystemExit, match="ran without a GPU"):
+        gpu_check.render(summary(tmp_path / "cpu", gpu=False), page)
+    assert not page.exists()
+    gpu_check.render(summary(tmp_path / "gpu", gpu=True), page)
+    text = page.read_text()
+    assert "NVIDIA H100 80GB HBM3" in text and "| kernel | pass |" in text and "| fsdp | FAIL |" in text
+    assert "1 of 2 checks passed" in text
+
+
+def test_the_model_check_runs_on_a_cpu_at_a_small_shape() -> None:
+    """The same code at a tiny shape on CPU (the kernel under the Triton interpreter)."""
+    pytest.importorskip("triton")
+    errors = gpu_check.model_check(n=24, batch=1, device="cpu",
+                                   shape=dict(vocab_size=64, n_layers=2, d_model=32, n_heads=2))
+    assert set(errors) == {"sdpa_logits", "sdpa_grads", "triton_logits", "triton_grads"}
+    assert 0 < errors["sdpa_logits"] < 0.1 and errors["triton_grads"] < max(2e-2, 3 * errors["sdpa_grads"])
