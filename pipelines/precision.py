@@ -6,11 +6,9 @@ from __future__ import annotations
 import contextlib
 from typing import ContextManager
 
-import torch
-
 from pipelines.utils import PipelineConfigError
 
-AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+AUTOCAST = ("bf16-mixed", "16-mixed")
 FULL = ("32", "32-true", "64", "64-true")
 
 
@@ -25,4 +23,6 @@ def eval_autocast(device_type: str, precision: str) -> ContextManager:
         return contextlib.nullcontext()
     if precision not in AUTOCAST:
         raise PipelineConfigError(f"precision={precision}: choose auto, 32, bf16-mixed or 16-mixed")
-    return torch.autocast(device_type, dtype=AUTOCAST[precision])
+    import torch  # here, not at import: pipelines.train reports config errors before torch loads
+
+    return torch.autocast(device_type, dtype=torch.bfloat16 if precision == "bf16-mixed" else torch.float16)

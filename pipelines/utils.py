@@ -439,15 +439,11 @@ def model_config(cfg: DictConfig) -> ModelConfig:
     from tape.model import ConfigError, ModelConfig
 
     pe = OmegaConf.to_container(cfg.pe, resolve=True)
-    name = pe.pop("name")
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    # A PE option left null defers to the same field set under model (an experiment preset can
-    # set e.g. model.randpe_max_position for whichever PE is chosen).
-    values = {**model, **{k: v for k, v in pe.items() if v is not None or k not in model}, "pe": name}
     try:
-        return ModelConfig.from_dict(values)
+        return ModelConfig.from_groups(model, pe)
     except ConfigError as err:
-        keys = ", ".join(f"pe.{k}" for k in pe) or "none"
+        keys = ", ".join(f"pe.{k}" for k in pe if k != "name") or "none"
         raise PipelineConfigError(
             f"model=... / pe={cfg.pe.name} give an impossible model. Fields are set as "
             f"model.<field> (PE options as pe.<field>; this PE has: {keys}).\n{err}"

@@ -318,3 +318,38 @@ def test_digit_curve_reads_the_answer_digits(tmp_path: Path) -> None:
     digits = METRIC_CURVES["ood_digit_accuracy"][0](run)
     assert digits == {1: 100.0, 2: pytest.approx(100 * 36 / 60)}
     assert addition_curve(run) == {1: 100.0, 2: pytest.approx(100 * 2 / 20)}  # whole sums differ
+
+
+def test_flop_matched_arms_take_tapes_flops_per_step() -> None:
+    """The FLOP-matched RoPE arms' step counts follow the FLOP counter at the presets' shapes."""
+    from conftest import compose_config
+    from tape.bench.flops import model_costs
+    from tape.model import ModelConfig
+
+    cfg = load_claims()
+    for experiment, arm in (("pretrain/cpu", "rope_pretrain_flops"), ("flipflop/cpu", "rope_flipflop_flops")):
+        flops = {}
+        for pe in ("tape", "rope"):
+            c = compose_config("config", [f"experiment={experiment}", f"pe={pe}"])
+            mc = ModelConfig.from_groups(dict(c.model), dict(c.pe))
+            flops[pe] = model_costs(mc, c.task.batch_size, c.task.seq_len, backward=True)["flops"]
+        preset = compose_config("config", [f"experiment={experiment}"]).trainer.max_steps
+        steps = cfg.arms[arm].match["trainer.max_steps"]
+        assert abs(steps / preset - flops["tape"] / flops["rope"]) < 0.005, (arm, steps, flops)
+        assert steps % cfg.arms[arm].match["trainer.val_check_interval"] == 0
+
+
+def test_pretraining_claims_draw_loss_against_training_flops(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for seed in range(2):
+        for j, (pe, cfg_pe) in enumerate((("rope", {"name": "rope"}), ("tape", TAPE_PE))):
+            c = config("pretrain", cfg_pe)
+            c["model"] = {"vocab_size": 64, "n_layers": 1, "d_model": 16, "n_heads": 2, "max_seq_len": 64}
+            c["task"]["batch_size"] = 2
+            run = make_run(runs, "pretrain/cpu", pe, seed, f"20261123-10000{seed}-eeeeee-{j}",
+                           {"task": "pretrain", "ppl_1x": 90.0 + j + seed}, c)
+            (run / "csv").mkdir()
+            (run / "csv" / "metrics.csv").write_text("step,val/loss\n99,5.0\n199,4.6\n499,4.4\n")
+    render(runs, tmp_path / "results")
+    assert (tmp_path / "results" / "figures" / "claim_c2_flops.png").read_bytes()[:4] == b"\x89PNG"
+    assert "claim_c2_flops.png" in (tmp_path / "results" / "README.md").read_text()

@@ -225,6 +225,16 @@ class ModelConfig:
             )
         return cls(**values)
 
+    @classmethod
+    def from_groups(cls, model: dict[str, Any], pe: dict[str, Any]) -> "ModelConfig":
+        """From a run config's ``model`` (sizes) and ``pe`` (``name`` + options) groups. A PE
+        option left None defers to the same field set under ``model`` (a preset may set e.g.
+        model.randpe_max_position for whichever PE is chosen)."""
+        pe = dict(pe)
+        name = pe.pop("name")
+        return cls.from_dict({**model, **{k: v for k, v in pe.items() if v is not None or k not in model},
+                              "pe": name})
+
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)

@@ -129,3 +129,61 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     return Figure(rel, f"{claim_id}: {title}, every arm by length (ours; band: 95 % t interval "
                        "over seeds, dots: seeds" + ("; red line: the longest training length" if train_length else "")
                   + ")")
+
+
+def train_flops_per_step(run: Run) -> int | None:
+    """Training FLOPs of one optimizer step of ``run`` (forward, loss, backward; matrix products,
+    tape/bench/flops.py) from its config, or None when the config cannot say."""
+    from tape.bench.flops import model_costs
+    from tape.model import ModelConfig
+
+    cfg = run.config()
+    try:
+        mc = ModelConfig.from_groups(dict(cfg["model"]), dict(cfg["pe"]))
+        return model_costs(mc, int(cfg["task"]["batch_size"]), int(cfg["task"]["seq_len"]), backward=True)["flops"]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def validation_curve(run: Run, key: str = "val/loss") -> dict[int, float]:
+    """{training steps done: value} of the run's validations (csv/metrics.csv)."""
+    out: dict[int, float] = {}
+    try:
+        with open(run.path / "csv" / "metrics.csv", newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get(key):
+                    out[int(row["step"]) + 1] = float(row[key])  # Lightning logs the 0-based index
+    except (OSError, ValueError, KeyError):
+        return {}
+    return out
+
+
+def flops_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, list[Run]]) -> Figure | None:
+    """Held-out loss (nats/token) against cumulative training FLOPs, every arm (mean over seeds
+    at each validation): compares encodings at equal compute whatever their step counts."""
+    fig = MplFigure(figsize=(6.4, 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    drawn = False
+    for label, runs in arms.items():
+        curves = [(c, f) for r in runs if (c := validation_curve(r)) and (f := train_flops_per_step(r))]
+        if not curves:
+            continue
+        steps = sorted(set.intersection(*(set(c) for c, _ in curves)))
+        if not steps:
+            continue
+        flops = float(np.mean([f for _, f in curves]))
+        mean = [float(np.mean([c[s] for c, _ in curves])) for s in steps]
+        ax.plot([s * flops for s in steps], mean, marker="o", label=f"{label} ({len(curves)} seeds)")
+        drawn = True
+    if not drawn:
+        return None
+    ax.set_xlabel("cumulative training FLOPs (matrix products)")
+    ax.set_ylabel("held-out loss (nats/token)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{claim_id}: {title}, loss at equal compute (ours; mean over seeds)", fontsize=9)
+    path, rel = ctx.figure_path(f"claim_{claim_id.lower()}_flops.png")
+    save_png(fig, path, overwrite=True)
+    return Figure(rel, f"{claim_id}: held-out loss against cumulative training FLOPs, every arm (ours; "
+                       "mean over seeds at each validation)")

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from tape.report.claim_figures import claim_figure
+from tape.report.claim_figures import claim_figure, flops_figure
 from tape.report.document import Context, Figure, Section
 from tape.report.groups import NOT_RUN, group_by
 from tape.report.paired import (DESCRIBED, Comparison, MetricSpec, PaperEffect, compare, decide,
@@ -501,9 +501,9 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
     figures = []
     for r in results:
         if r.claim.id in carried:
-            name = f"claim_{r.claim.id.lower()}.png"
-            if (ctx.out_dir / "figures" / name).is_file():
-                figures.append(Figure(Path("figures") / name, f"Claim {r.claim.id} (carried over)"))
+            for name in (f"claim_{r.claim.id.lower()}.png", f"claim_{r.claim.id.lower()}_flops.png"):
+                if (ctx.out_dir / "figures" / name).is_file():
+                    figures.append(Figure(Path("figures") / name, f"Claim {r.claim.id} (carried over)"))
             continue
         arms = {cfg.arms[name].title: _arm_runs(r, name) for name in r.arm_runs}
         runs_ = [run for rs in arms.values() for run in rs]
@@ -512,6 +512,8 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
         fig = claim_figure(ctx, r.claim.id, r.claim.title, arms, task, train, r.claim.metric)
         if fig is not None:
             figures.append(fig)
+        if task == "pretrain" and (flops := flops_figure(ctx, r.claim.id, r.claim.title, arms)) is not None:
+            figures.append(flops)
     return Section(title="Claims", tables=tables, figures=figures)
 
 
