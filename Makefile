@@ -44,6 +44,10 @@ notebook:  ## Execute notebooks/results.ipynb on results/; the copy with its fig
 	$(BIN)/jupyter execute notebooks/results.ipynb --output=$(CURDIR)/runs/notebook/results
 .PHONY: notebook
 
+wandb-view:  ## Look at offline W&B runs locally, no account (RUN=runs/<...>/wandb; default: the newest run)
+	$(BIN)/wandb leet $(RUN)
+.PHONY: wandb-view
+
 wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B login)
 	find runs -type d -name 'offline-run-*' -print0 | xargs -0 -r $(BIN)/wandb sync
 .PHONY: reproduce-table report wandb-sync

@@ -362,6 +362,7 @@ def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
             f.write(f"# launched as: {shlex.join([sys.executable, *sys.argv])}\n")
             f.write(f"# cwd: {os.getcwd()}\n# commit: {commit_label(REPO_ROOT)}\n# time: {time.ctime()}\n")
             f.write(f"# machine: {machine_summary()}\n")
+            f.write(f"# threads: {torch_threads()}\n")  # CPU results depend on it (docs/reproduction.md)
     except FileExistsError:
         raise PipelineConfigError(
             f"hydra.run.dir={run_dir} already belongs to another run ({RUN_CLAIM} exists); runs "
@@ -371,6 +372,13 @@ def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
     with open(run_dir / "config.yaml", "x") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
     record_hydra(run_dir, cfg)
+
+
+def torch_threads() -> int:
+    """torch's intra-op CPU threads in this process (OMP_NUM_THREADS or torch's default)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def record_hydra(run_dir: Path, cfg: DictConfig) -> None:

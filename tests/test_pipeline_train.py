@@ -125,6 +125,9 @@ def test_a_run_directory_is_never_shared_or_overwritten(make_cfg, capsys) -> Non
     recorded = read_command(Path(cfg.paths.output_dir) / "command.txt")
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", recorded["commit"])
     assert "CPU cores" in recorded["machine"]
+    import torch
+
+    assert recorded["threads"] == str(torch.get_num_threads())  # CPU results depend on it
     with pytest.raises(PipelineConfigError, match="already belongs to another run"):
         train(cfg)  # same directory as a run that claimed it
     out = capsys.readouterr().out

@@ -139,3 +139,19 @@ def test_a_terminated_run_leaves_an_exit_record(make_cfg) -> None:
     (run,) = offline_runs(Path(cfg.paths.output_dir))
     assert run.exit_code == 1 and wandb.run is None
     assert not (Path(cfg.paths.output_dir) / "metrics.json").exists()
+
+
+def test_offline_runs_can_be_viewed_locally_with_the_pinned_wandb(tmp_path) -> None:
+    """make wandb-view runs `wandb leet`: it must exist in the pinned wandb, needing no login."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    recipe = re.search(r"^wandb-view:.*\n\t(.+)$", (repo / "Makefile").read_text(), flags=re.M).group(1)
+    assert recipe.startswith("$(BIN)/wandb leet")
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    out = subprocess.run([str(wandb_cli), "leet", "--help"], capture_output=True, text=True, timeout=120,
+                         env={"PATH": str(wandb_cli.parent), "WANDB_MODE": "offline", "HOME": str(tmp_path)})
+    assert out.returncode == 0 and "locally" in out.stdout, out.stderr

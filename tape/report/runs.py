@@ -38,6 +38,7 @@ class Run:
     commit: str = ""
     started: str = ""  # "# time:" of command.txt
     machine: str = ""  # "# machine:" of command.txt ("" for runs made before it was recorded)
+    threads: str = ""  # "# threads:" of command.txt: torch's CPU threads ("" before 2026-11-26)
     metric_sources: dict[str, str] = field(default_factory=dict)  # key -> "run" | eval dir name
     _config: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
@@ -98,7 +99,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def read_command(path: Path) -> dict[str, str]:
     """command.txt: the job command on the first line, then ``# key: value`` lines."""
-    out = {"command": "", "launched_as": "", "commit": "", "time": "", "machine": ""}
+    out = {"command": "", "launched_as": "", "commit": "", "time": "", "machine": "", "threads": ""}
     try:
         lines = path.read_text().splitlines()
     except OSError:
@@ -148,6 +149,7 @@ def load_run(run_dir: Path, runs_root: Path) -> Run:
         commit=cmd["commit"],
         started=cmd["time"],
         machine=cmd["machine"],
+        threads=cmd["threads"],
         metric_sources=sources,
     )
 
