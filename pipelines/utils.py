@@ -106,12 +106,16 @@ def _multirun() -> bool:
         return False
 
 
-def _drop_unclaimed(run_dir: Path) -> None:
-    """Remove the empty directory Hydra made for a run that failed before claiming it (so no
-    debris is counted as a run); a claimed or non-empty directory is never touched."""
+def _drop_unclaimed(run_dir: Path, runs_dir: Path | None = None) -> None:
+    """Remove the empty directories made for a run that failed before claiming one (its own and
+    the empty <experiment>/<pe>/<seed> folders above it, up to ``runs_dir``), so no debris is
+    left or counted as a run; a claimed or non-empty directory is never touched."""
+    stop = runs_dir.resolve().parent if runs_dir is not None else run_dir.parent
+    here = run_dir.resolve()
     try:
-        if run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()
+        while here != stop and stop in here.parents and here.is_dir() and not any(here.iterdir()):
+            here.rmdir()
+            here = here.parent
     except OSError:
         pass
 
@@ -151,7 +155,7 @@ def task_wrapper(fn: F) -> F:
             if is_rank_zero():
                 claimed = (run_dir / RUN_CLAIM).is_file()
                 if failed and not claimed:
-                    _drop_unclaimed(run_dir)
+                    _drop_unclaimed(run_dir, Path(cfg.paths.runs_dir))
                 where = str(run_dir) if claimed else "none (the run failed its checks before claiming a directory)"
                 JOBS.append({"entry": fn.__name__, "cfg": cfg, "run_dir": where, "failed": failed,
                              "error": error.splitlines()[0] if error else "",
@@ -496,9 +500,25 @@ def require_int(cfg: DictConfig, *keys: str) -> None:
             raise PipelineConfigError(f"{key}={value!r} must be an integer")
 
 
+def check_optim(cfg: DictConfig) -> None:
+    """optim.* values AdamW or the schedule would refuse, named before any directory exists."""
+    if cfg.get("optim") is None:
+        return
+    from tape.schedule import optim_problems
+
+    values = OmegaConf.to_container(cfg.optim, resolve=True)
+    try:
+        problems = optim_problems(**values)
+    except TypeError as err:  # a missing or misspelt key
+        raise PipelineConfigError(f"optim: {err}") from None
+    if problems:
+        raise PipelineConfigError("; ".join(f"optim.{p}" for p in problems))
+
+
 def check_trainer(cfg: DictConfig) -> None:
     """The last step must be validated (so last.ckpt and metrics hold the final model), and
     checkpoints must fall on optimizer steps (so a resumed run replays exactly)."""
+    check_optim(cfg)
     require_int(cfg, "seed", "trainer.max_steps", "trainer.val_check_interval",
                 "trainer.accumulate_grad_batches")
     t = cfg.trainer

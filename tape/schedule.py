@@ -11,6 +11,28 @@ from torch import Tensor
 SCHEDULES = ("constant", "cosine", "linear")
 
 
+def optim_problems(lr: float, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                   weight_decay: float = 0.0, warmup_steps: int = 0, schedule: str = "cosine",
+                   min_lr_ratio: float = 0.1, **_: object) -> list[str]:
+    """What AdamW and the schedule would refuse (or silently misuse), as ``key=value: why``."""
+    problems = []
+    if not lr > 0:
+        problems.append(f"lr={lr}: must be > 0")
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        problems.append(f"betas={list(betas)}: two values in [0, 1)")
+    if not eps > 0:
+        problems.append(f"eps={eps}: must be > 0")
+    if not weight_decay >= 0:
+        problems.append(f"weight_decay={weight_decay}: must be >= 0")
+    if not warmup_steps >= 0:
+        problems.append(f"warmup_steps={warmup_steps}: must be >= 0")
+    if schedule not in SCHEDULES:
+        problems.append(f"schedule={schedule}: choose one of {list(SCHEDULES)}")
+    if not 0 <= min_lr_ratio <= 1:
+        problems.append(f"min_lr_ratio={min_lr_ratio}: must be in [0, 1]")
+    return problems
+
+
 def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str = "cosine",
               min_ratio: float = 0.1) -> float:
     """Multiplier of the peak learning rate at optimizer step ``step`` (0-based): linear warm-up

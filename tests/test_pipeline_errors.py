@@ -42,6 +42,7 @@ def test_a_config_error_prints_once_without_traceback_and_leaves_no_run(tmp_path
     assert both.count("task.max_digits=0 must be >= 1") == 1, both
     assert "Traceback" not in both
     assert run_dirs(tmp_path) == []  # the failed try left nothing the report would count
+    assert not (tmp_path / "runs").exists()  # not even the empty <experiment>/<pe>/<seed> folders
     full = cli(["experiment=addition/smoke", "task.max_digits=0"], tmp_path, HYDRA_FULL_ERROR="1")
     assert full.returncode == 1 and "Traceback" in full.stderr
 
@@ -94,3 +95,16 @@ def test_a_value_of_the_wrong_type_is_named_not_a_traceback(override: str, tmp_p
     key, value = override.split("=")
     assert out.returncode == 1
     assert f"{key}='{value}' must be an integer" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("value,message", [
+    ("optim.lr=-1", "optim.lr=-1: must be > 0"),
+    ("optim.betas=[0.9,1.5]", "optim.betas=[0.9, 1.5]: two values in [0, 1)"),
+    ("optim.schedule=cosnie", "optim.schedule=cosnie: choose one of"),
+])
+def test_optimiser_values_torch_would_reject_are_refused_before_any_folder(tmp_path: Path, value: str,
+                                                                          message: str) -> None:
+    out = cli(["experiment=addition/smoke", "logger=none", value], tmp_path)
+    both = out.stdout + out.stderr
+    assert out.returncode == 1 and message in both and "Traceback" not in both, both
+    assert not (tmp_path / "runs").exists()
