@@ -329,6 +329,9 @@ def preflight(config_name: str, argv: list[str]) -> None:
             runs_dir = OmegaConf.select(cfg, "paths.runs_dir")
             run_dir = None if multirun else OmegaConf.select(cfg, "hydra.run.dir")
     except Exception:  # noqa: BLE001 - Hydra reports a config it cannot compose, with context
+        GlobalHydra.instance().clear()
+        if (problem := unknown_key_problem(config_name, overrides)) is not None:
+            raise PipelineConfigError(problem) from None
         return
     finally:
         GlobalHydra.instance().clear()
@@ -339,6 +342,49 @@ def preflight(config_name: str, argv: list[str]) -> None:
         check_run_dir_new(run_dir)
         if not (runs_dir and run_dir.resolve().is_relative_to(Path(str(runs_dir)).resolve())):
             check_writable(run_dir.parent, "hydra.run.dir", run_dir)  # a run outside paths.runs_dir
+
+
+def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every key of a config as a dotted path (``trainer.max_steps``), leaves and branches."""
+    out = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            out += [path, *_dotted_keys(value, path + ".")]
+    return out
+
+
+def unknown_key_problem(config_name: str, overrides: list[str]) -> str | None:
+    """"unknown key trainer.max_step; did you mean trainer.max_steps?" for the overrides that
+    set a key the config does not have (Hydra's own message points at +key, the wrong way for
+    a typo); None when every key exists or the config cannot be composed at all."""
+    import difflib
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+    settings = [o for o in _first_of_each_sweep(overrides) if "=" in o and not o.startswith(("+", "~"))
+                and o.split("=", 1)[0] not in groups]
+    choices = [o for o in _first_of_each_sweep(overrides) if o not in settings]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=choices, return_hydra_config=True)
+    except Exception:  # noqa: BLE001 - a bad group choice: Hydra's message lists the options
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+    known = _dotted_keys(OmegaConf.to_container(cfg, resolve=False))
+    problems = []
+    for key in (o.split("=", 1)[0] for o in settings):
+        if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+            near = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
+            hint = f"did you mean {' or '.join(near)}?" if near else "no key of that name is near it"
+            problems.append(f"unknown key {key}; {hint} (to add a new key on purpose: +{key}=...)")
+    return "; ".join(problems) or None
+
+
+_ABSENT = object()
 
 
 # ---------------------------------------------------------------------------- run directories

@@ -108,3 +108,15 @@ def test_optimiser_values_torch_would_reject_are_refused_before_any_folder(tmp_p
     both = out.stdout + out.stderr
     assert out.returncode == 1 and message in both and "Traceback" not in both, both
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("typo,message", [
+    ("trainer.max_step=10", "unknown key trainer.max_step; did you mean trainer.max_steps?"),
+    ("sed=1", "unknown key sed; did you mean seed?"),
+])
+def test_a_typo_names_the_nearest_keys(tmp_path: Path, typo: str, message: str) -> None:
+    out = cli(["experiment=addition/smoke", "logger=none", typo], tmp_path)
+    both = out.stdout + out.stderr
+    assert out.returncode == 1 and message in both and "Traceback" not in both, both
+    assert "To append to your config use" not in both  # Hydra's hint points the wrong way for a typo
+    assert not (tmp_path / "runs").exists()
