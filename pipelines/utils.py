@@ -322,6 +322,8 @@ def preflight(config_name: str, argv: list[str]) -> None:
 
     multirun = bool({"-m", "--multirun"} & set(argv))
     overrides = [a for a in argv if not a.startswith("-")]
+    if (problem := contradiction_problem(config_name, overrides)) is not None:
+        raise PipelineConfigError(problem)
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=_first_of_each_sweep(overrides),
@@ -385,6 +387,35 @@ def unknown_key_problem(config_name: str, overrides: list[str]) -> str | None:
 
 
 _ABSENT = object()
+
+
+def contradiction_problem(config_name: str, overrides: list[str]) -> str | None:
+    """A key given twice (``pe=rope pe=tape`` silently kept the last), or a ``task=`` choice
+    other than the task of the chosen ``experiment=`` preset (its runs would be filed under
+    the preset's name); None when the choices agree."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+    for key in dict.fromkeys(k for k in keys if keys.count(k) > 1):
+        values = [o.split("=", 1)[1] for o in overrides if "=" in o and o.split("=", 1)[0].lstrip("+~") == key]
+        return f"{key} is given {len(values)} times ({', '.join(values)}); give it once"
+    given = dict(o.split("=", 1) for o in overrides if "=" in o)
+    if "experiment" not in given or "task" not in given or "," in given["experiment"] + given["task"]:
+        return None
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            preset = compose(config_name=config_name, overrides=[f"experiment={given['experiment']}"])
+            chosen = compose(config_name=config_name, overrides=[f"task={given['task']}"])
+    except Exception:  # noqa: BLE001 - an unknown preset or task: Hydra lists the options
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+    if preset.task.name != chosen.task.name:
+        return (f"experiment={given['experiment']} trains task {preset.task.name}, but task={given['task']} "
+                f"asks for {chosen.task.name}: drop task= (or choose a {chosen.task.name} preset, "
+                f"experiment={chosen.task.name}/<scale>)")
+    return None
 
 
 # ---------------------------------------------------------------------------- run directories

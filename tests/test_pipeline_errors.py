@@ -120,3 +120,14 @@ def test_a_typo_names_the_nearest_keys(tmp_path: Path, typo: str, message: str) 
     assert out.returncode == 1 and message in both and "Traceback" not in both, both
     assert "To append to your config use" not in both  # Hydra's hint points the wrong way for a typo
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["task=pretrain"], "experiment=addition/smoke trains task addition, but task=pretrain asks for pretrain"),
+    (["pe=rope", "pe=tape"], "pe is given 2 times (rope, tape); give it once"),
+])
+def test_contradictory_choices_are_refused(tmp_path: Path, args: list[str], message: str) -> None:
+    out = cli(["experiment=addition/smoke", "logger=none", *args], tmp_path)
+    both = out.stdout + out.stderr
+    assert out.returncode == 1 and message in both and "Traceback" not in both, both
+    assert not (tmp_path / "runs").exists()
