@@ -138,10 +138,12 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         if (need := task.positions_needed(task_cfg)) is not None:
             check_position_range(mc, *need)  # e.g. RandPE asked beyond its trained range
     device = resolve_device(str(cfg.device))
+    if hasattr(task, "check"):  # e.g. passkey: every prompt length fits, with the run's tokenizer
+        task.check(task_cfg)
+    model, facts = source.load_model(device, str(cfg.dtype))  # a broken checkpoint fails here
     claim_run_dir(out_dir, OmegaConf.create({"run_dir": str(source.run_dir), "stage": source.stage,
                                              "checkpoint": str(source.ckpt), "device": device,
                                              "task": task_cfg}), "pipelines.evaluate")
-    model, facts = source.load_model(device, str(cfg.dtype))
     labels = source.labels()
     title = f"{labels.get('pe', 'model')} seed {labels.get('seed', '-')}" + (
         f" ({source.ckpt.name})" if source.ckpt else "")

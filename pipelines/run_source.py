@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from pipelines.utils import PipelineConfigError
+from pipelines.utils import PipelineConfigError, read_checkpoint_step
 from tape.model import ModelConfig
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
@@ -74,7 +74,9 @@ class RunSource:
 
     @cached_property
     def _checkpoint(self) -> dict[str, Any]:
-        """The Lightning checkpoint, read once (on the CPU)."""
+        """The Lightning checkpoint, read once (on the CPU); a file that is not one (truncated,
+        damaged) fails with the same message as ``pipelines.train ckpt_path=...``."""
+        read_checkpoint_step(self.ckpt, "ckpt")
         return torch.load(self.ckpt, map_location="cpu", weights_only=False)
 
     def model_config(self) -> ModelConfig | None:

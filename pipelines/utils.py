@@ -113,9 +113,12 @@ def _drop_unclaimed(run_dir: Path, runs_dir: Path | None = None) -> None:
     stop = runs_dir.resolve().parent if runs_dir is not None else run_dir.parent
     here = run_dir.resolve()
     try:
-        while here != stop and stop in here.parents and here.is_dir() and not any(here.iterdir()):
+        if here.is_dir() and not any(here.iterdir()):
             here.rmdir()
             here = here.parent
+            while here != stop and stop in here.parents and here.is_dir() and not any(here.iterdir()):
+                here.rmdir()
+                here = here.parent
     except OSError:
         pass
 

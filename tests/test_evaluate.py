@@ -266,3 +266,25 @@ def test_evaluation_precision_follows_the_request() -> None:
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     with pytest.raises(PipelineConfigError, match="precision=bf16: choose"):
         eval_autocast("cpu", "bf16")
+
+
+def test_passkey_with_default_lengths_works_and_a_too_short_length_names_the_fix(pretrained: Path) -> None:
+    """Issue 23: the documented `pipelines.evaluate run_dir=<pretrain run> task=passkey` ran into
+    "needs 101 tokens > 64" at the run's own context; the defaults now start at 128 tokens."""
+    metrics = run_eval(pretrained, "task=passkey", "task.trials=1", name="defaults")
+    assert {"passkey_256", "passkey_512"} <= set(metrics)  # this tiny BPE needs 222 tokens a prompt
+    with pytest.raises(PipelineConfigError, match=r"give longer prompts, e\.g\. task\.lengths=\[256,512\]"):
+        run_eval(pretrained, "task=passkey", "task.lengths=[64]", name="short")
+    assert not (pretrained / "eval" / "short").exists()  # refused before the directory was claimed
+
+
+def test_a_truncated_checkpoint_is_refused_like_train_does_and_leaves_nothing(pretrained: Path) -> None:
+    ckpt = pretrained / "checkpoints" / "last.ckpt"
+    broken = pretrained / "checkpoints" / "truncated.ckpt"
+    broken.write_bytes(ckpt.read_bytes()[:4096])
+    try:
+        with pytest.raises(PipelineConfigError, match="is not a readable Lightning checkpoint"):
+            run_eval(pretrained, f"ckpt={broken}", name="broken")
+    finally:
+        broken.unlink()
+    assert not (pretrained / "eval" / "broken").exists()

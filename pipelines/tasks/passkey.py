@@ -37,12 +37,37 @@ def datamodule(cfg: DictConfig) -> Any:
 
 
 def adopt(task_cfg: DictConfig, source: Any, out_dir: Path) -> None:
-    """Fill what is null from the evaluated run: its tokenizer; lengths = 1x and 2x its context."""
+    """Fill what is null from the evaluated run: its tokenizer; lengths = 1x and 2x its context
+    (``check`` raises them to the shortest power of two that holds a passkey prompt)."""
     with open_dict(task_cfg):
         if task_cfg.tokenizer is None:
             task_cfg.tokenizer = source.tokenizer_path()
         if task_cfg.lengths is None and task_cfg.filler_chars is None:
-            task_cfg.lengths = [source.context, 2 * source.context]
+            task_cfg.lengths = [int(source.context), 2 * int(source.context)]
+            task_cfg.lengths_from_run = True
+
+
+def shortest_fit(t: DictConfig, tok: TextTokenizer, bos: bool, at_least: int = 16) -> int:
+    """The shortest power of two >= ``at_least`` tokens that holds a passkey prompt."""
+    n = 1 << max(at_least - 1, 1).bit_length()
+    while True:
+        try:
+            garbage_for_tokens(tok.encode, n, str(t.answer_prefix), extra_tokens=int(bos))
+            return n
+        except ValueError:
+            n *= 2
+
+
+def check(task_cfg: DictConfig) -> None:
+    """Every test point can be built with this tokenizer (before any directory is written);
+    lengths taken from the run are raised to the shortest that holds a prompt."""
+    tok = _tokenizer(task_cfg)
+    bos = bool(task_cfg.bos) and tok.bos_id is not None
+    if task_cfg.get("lengths_from_run"):
+        base = max(int(task_cfg.lengths[0]), shortest_fit(task_cfg, tok, bos))
+        with open_dict(task_cfg):
+            task_cfg.lengths = [base, 2 * base]
+    sizes(task_cfg, tok, bos)
 
 
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str] | None:
@@ -74,7 +99,9 @@ def sizes(t: DictConfig, tok: TextTokenizer, bos: bool) -> list[tuple[int | None
             out.append((int(n), garbage_for_tokens(tok.encode, int(n), str(t.answer_prefix),
                                                    extra_tokens=int(bos))))
         except ValueError as err:
-            raise PipelineConfigError(f"task.lengths: {err}; raise the length") from None
+            fix = shortest_fit(t, tok, bos, int(n) + 1)
+            raise PipelineConfigError(f"task.lengths={list(t.lengths)}: {err}; give longer prompts, e.g. "
+                                      f"task.lengths=[{fix},{2 * fix}]") from None
     return out
 
 
