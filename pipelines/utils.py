@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import shlex
+import socket
 import sys
 import tempfile
 import time
@@ -155,6 +156,7 @@ def task_wrapper(fn: F) -> F:
             raise
         finally:
             close_loggers(failed)
+            unlock_run_dir(run_dir)
             if is_rank_zero():
                 claimed = (run_dir / RUN_CLAIM).is_file()
                 if failed and not claimed:
@@ -455,6 +457,7 @@ def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
         ) from None
     with open(run_dir / "config.yaml", "x") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
+    lock_run_dir(run_dir)  # released when the task ends (task_wrapper); stale after a crash
     record_hydra(run_dir, cfg)
 
 
@@ -744,8 +747,54 @@ def resolve_ckpt_path(cfg: DictConfig, run_dir: Path) -> Path | None:
             raise PipelineConfigError(
                 f"ckpt_path={value}: {path} does not exist; pass last, a run directory or a .ckpt file"
             )
+    check_not_live(path.parents[1] if path.parent.name == "checkpoints" else path.parent)
     check_resumable(cfg, path)
     return path
+
+
+RUN_LOCK = "run.lock"  # "<pid> <host>" while the process that claimed the run directory lives
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Mark ``run_dir`` as live (this process's PID and host) until ``unlock_run_dir``."""
+    (run_dir / RUN_LOCK).write_text(f"{os.getpid()} {socket.gethostname()}\n")
+
+
+def unlock_run_dir(run_dir: Path) -> None:
+    lock = run_dir / RUN_LOCK
+    try:
+        if lock.read_text().split()[0] == str(os.getpid()):
+            lock.unlink()
+    except (OSError, IndexError):
+        pass
+
+
+def live_owner(run_dir: Path) -> int | None:
+    """The PID of the live process training in ``run_dir`` on this host; None when none is (no
+    lock, or a stale one left by a crash: its process is gone)."""
+    try:
+        pid_text, host = (run_dir / RUN_LOCK).read_text().split()[:2]
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return None
+    if host != socket.gethostname() or pid == os.getpid():
+        return None  # another machine's run cannot be checked from here; this process is us
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
+
+
+def check_not_live(run_dir: Path) -> None:
+    """Refuse to resume from a run that is still training (its last.ckpt is still changing)."""
+    if (pid := live_owner(run_dir)) is not None:
+        raise PipelineConfigError(
+            f"ckpt_path: {run_dir} is still training (PID {pid}); resuming it now would train beside "
+            "it under the same W&B id. Wait for it to end (or stop it), then resume"
+        )
 
 
 def write_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str], path: Path) -> None:

@@ -247,3 +247,33 @@ def test_the_summary_shows_each_tasks_headline_metrics() -> None:
     assert headline(pretrain) == {"ppl_1x": 91.8, "ppl_4x": 97.3, "val_loss": 4.5}
     assert headline(scrolls) == {"scrolls_score": 12.5, "f1": 12.5}
     assert headline(extend) == {"ppl_books_512_tape": 80.5, "passkey_512_tape": 0.2}
+
+
+def test_a_run_still_training_is_never_resumed_and_a_crashed_one_is(make_cfg) -> None:
+    """Issue 23: ckpt_path=last attached to a run that was still training. A run directory is
+    locked by its process (released when it ends, stale when the process is gone)."""
+    import subprocess
+    import sys
+    import time
+
+    from pipelines.utils import RUN_LOCK, check_not_live, resolve_ckpt_path
+
+    cfg = make_cfg("pe=rope", "evaluate=false", name="first")
+    train(cfg)
+    run = Path(cfg.paths.output_dir)
+    assert not (run / RUN_LOCK).exists()  # released when the run ended
+    code = ("import os, socket, sys, time; open(sys.argv[1], 'w').write(f'{os.getpid()} "
+            "{socket.gethostname()}'); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(run / RUN_LOCK)])
+    try:
+        for _ in range(200):
+            if (run / RUN_LOCK).exists() and (run / RUN_LOCK).read_text():
+                break
+            time.sleep(0.05)
+        resume = make_cfg("pe=rope", "evaluate=false", f"ckpt_path={run}", name="second")
+        with pytest.raises(PipelineConfigError, match=rf"still training \(PID {holder.pid}\)"):
+            resolve_ckpt_path(resume, Path(resume.paths.output_dir))
+    finally:
+        holder.kill()
+        holder.wait()
+    check_not_live(run)  # the holder is gone: its lock is stale and no longer blocks a resume
