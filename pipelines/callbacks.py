@@ -1,5 +1,5 @@
 """Console callbacks of the training runs (conf/callbacks/default.yaml): a progress bar that counts
-optimizer steps, and a one-line model summary. Lightning's defaults showed "Epoch 0/-2" (training
+optimizer steps, a one-line model summary, and progress lines when the output goes to a file. Lightning's defaults showed "Epoch 0/-2" (training
 is step-based over an endless stream, so max_epochs is -1), "600/499" after a resume (batches of
 the resumed epoch against a total that ignores the steps already done) and "Total FLOPs: 0"
 (nothing gives the summary an example input)."""
@@ -7,10 +7,12 @@ the resumed epoch against a total that ignores the steps already done) and "Tota
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+import time
+from typing import Any, Callable
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import Callback, ModelSummary, RichProgressBar
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
 log = logging.getLogger("pipelines.train")
@@ -51,3 +53,36 @@ class OneLineModelSummary(ModelSummary):
         log.info("model: %s parameters (%s trainable), %.2f MB",
                  get_human_readable_count(total_parameters).strip(),
                  get_human_readable_count(trainable_parameters).strip(), model_size)
+
+
+class ProgressLog(Callback):
+    """With output going to a file (stdout not a terminal, where the progress bar draws nothing),
+    a log line every ``interval_s`` seconds: step, loss, tokens/s and the time left."""
+
+    def __init__(self, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 force: bool = False) -> None:
+        self.interval_s, self.clock = interval_s, clock
+        self.active = force or not sys.stdout.isatty()
+        self._start: tuple[float, int] | None = None
+        self._last = 0.0
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        if not self.active or not trainer.is_global_zero:
+            return
+        now, step = self.clock(), trainer.global_step
+        if self._start is None:
+            self._start, self._last = (now, step), now
+            return
+        if now - self._last < self.interval_s:
+            return
+        self._last = now
+        rate = (step - self._start[1]) / max(now - self._start[0], 1e-9)  # steps per second
+        left = (trainer.max_steps - step) / rate if rate > 0 and trainer.max_steps > 0 else float("nan")
+        metrics = trainer.callback_metrics
+        loss = metrics.get("train/loss")
+        tokens = metrics.get("train/tokens_per_s")
+        log.info("step %d/%d  loss %s  tokens/s %s  left %s", step, trainer.max_steps,
+                 f"{float(loss):.4f}" if loss is not None else "-",
+                 f"{float(tokens):.0f}" if tokens is not None else "-",
+                 time.strftime("%H:%M:%S", time.gmtime(left)) if left == left else "-")

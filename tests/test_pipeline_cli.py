@@ -73,3 +73,29 @@ def test_runs_started_together_get_different_dirs(tmp_path: Path) -> None:
         assert p.returncode == 0, err[-3000:]
     dirs = runs_of(tmp_path)
     assert len(dirs) == 2 and all((d / "metrics.json").is_file() for d in dirs)
+
+
+def test_progress_lines_when_output_goes_to_a_file(caplog, monkeypatch) -> None:
+    """Issue 23: with output redirected, a 20-minute run printed nothing until the end."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+
+    from pipelines.callbacks import ProgressLog
+
+    now = [0.0]
+    cb = ProgressLog(interval_s=60, clock=lambda: now[0], force=True)
+    trainer = SimpleNamespace(global_step=0, max_steps=1000, is_global_zero=True,
+                              callback_metrics={"train/loss": torch.tensor(2.5), "train/tokens_per_s": torch.tensor(900.0)})
+    with caplog.at_level(logging.INFO, logger="pipelines.train"):
+        for step in range(1, 301):
+            now[0], trainer.global_step = step * 0.5, step  # 2 steps a second
+            cb.on_train_batch_end(trainer, None, None, None, step)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert len(lines) == 2  # at 60 s and 120 s of the 150 s
+    assert lines[0] == "step 121/1000  loss 2.5000  tokens/s 900  left 00:07:19"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert not ProgressLog().active  # a terminal has the progress bar
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert ProgressLog().active
