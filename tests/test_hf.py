@@ -131,8 +131,8 @@ def test_hf_generate_without_cache_works_and_with_cache_names_greedy_generate():
     ours = greedy_generate(model, prompt, 5)
     hf = model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=False)
     assert hf.shape[1] > 6 and torch.equal(hf, ours[:, : hf.shape[1]])  # HF stops at EOS, if drawn
-    with pytest.raises(TypeError, match="greedy_generate"):
-        model.generate(prompt, max_new_tokens=5, do_sample=False)
+    with pytest.raises(TypeError, match="greedy_generate"):  # asking HF for a cache names ours
+        model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=True)
 
 
 def test_tape_llama_cached_generation_matches_recomputation():
@@ -270,3 +270,29 @@ def test_checkpointing_is_enabled_by_either_transformers_name() -> None:
     enable_checkpointing(Old())
     enable_checkpointing(New())
     assert called == ["gradient", "activation"]
+
+
+def test_generate_with_default_settings_runs_uncached_and_equals_the_cached_decoder(tmp_path) -> None:
+    """Issue 23: generate() with defaults raised (HF cannot build TAPE's cache); TAPE models now
+    default to use_cache=False, and greedy output equals our cached greedy decoder's."""
+    model = add_tape(tiny_llama(2)).eval()
+    _randomize_tape(model)
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    out = model.generate(ids, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > 7 and torch.equal(out, greedy_generate(model, ids, 5)[:, : out.shape[1]])  # HF stops at EOS
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(again.generate(ids, max_new_tokens=5, do_sample=False), out)
+
+
+def test_a_fresh_process_loads_a_saved_tape_model_after_one_import(tmp_path) -> None:
+    """Hugging Face's AutoModel knows tape_llama once `import tape.hf` ran (documented in
+    docs/experiments.md); without it transformers does not recognise the model type."""
+    import subprocess
+    import sys
+
+    add_tape(tiny_llama(2)).save_pretrained(tmp_path)
+    code = ("import sys, tape.hf; from transformers import AutoModelForCausalLM; "
+            "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); print(type(m).__name__)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("TapeLlamaForCausalLM"), out.stderr[-2000:]

@@ -172,6 +172,7 @@ class TapeLlamaForCausalLM(LlamaForCausalLM):
         super().__init__(config)
         _convert_base(self.model, dict(getattr(config, "tape", None) or {}))
         config.tape = self.model.tape_options
+        _uncached_generation(self)
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -189,7 +190,16 @@ class TapeLlamaForCausalLM(LlamaForCausalLM):
         for idx, layer in enumerate(model.model.layers):
             if any(key.startswith(f"model.layers.{idx}.pe.") for key in missing):
                 _init_tape_layer(layer.pe, model.config.initializer_range)
+        _uncached_generation(model)  # a saved plain Llama's generation_config says use_cache
         return (model, info) if want_info else model
+
+
+def _uncached_generation(model: LlamaForCausalLM) -> None:
+    """Hugging Face's ``generate()`` cannot build TAPE's cache (E rows per layer), so it runs
+    uncached by default (the prefix recomputed per token, as the official passkey code);
+    ``tape.model.generate.greedy_generate`` decodes with the cache."""
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.use_cache = False
 
 
 def _convert_base(base: LlamaModel, options: dict[str, Any]) -> None:
@@ -218,6 +228,7 @@ def add_tape(model: LlamaForCausalLM, **options: Any) -> TapeLlamaForCausalLM:
     model.config.__class__ = TapeLlamaConfig  # saved as model_type tape_llama: AutoModel reloads TAPE
     model.config.tape = model.model.tape_options
     model.config.architectures = ["TapeLlamaForCausalLM"]
+    _uncached_generation(model)
     return model
 
 
