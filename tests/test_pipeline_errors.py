@@ -131,3 +131,13 @@ def test_contradictory_choices_are_refused(tmp_path: Path, args: list[str], mess
     both = out.stdout + out.stderr
     assert out.returncode == 1 and message in both and "Traceback" not in both, both
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_training_length_out_of_range_names_max_digits(tmp_path: Path) -> None:
+    """Issue 23: task.max_digits=100000 was refused with a message blaming eval_max_digits."""
+    out = cli(["experiment=addition/smoke", "logger=none", "task.max_digits=100000"], tmp_path)
+    both = out.stdout + out.stderr
+    assert out.returncode == 1 and "task.max_digits=100000 needs 300004-token training examples" in both, both
+    assert "lower task.max_digits or set task.seq_len>=300004" in both
+    out = cli(["experiment=addition/smoke", "logger=none", "task.max_digits=7", "task.seq_len=30"], tmp_path)
+    assert "task.max_digits=7 is above task.eval_max_digits=6" in out.stdout + out.stderr

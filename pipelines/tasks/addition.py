@@ -22,19 +22,20 @@ def validate(cfg: DictConfig) -> None:
     for key in ints:
         if int(t[key]) < 1:
             raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
-    if t.eval_max_digits < t.max_digits:
-        raise PipelineConfigError(
-            f"task.eval_max_digits={t.eval_max_digits} is below task.max_digits={t.max_digits}; "
-            "the test grid must cover the training lengths (the paper uses 2 * max_digits)"
-        )
     from tape.data.addition import max_sequence_length
     from tape.lightning import AdditionDataModule
 
-    need = max_sequence_length(t.max_digits)
+    need = max_sequence_length(t.max_digits)  # checked first: it names the value most likely wrong
     if t.seq_len < need:
         raise PipelineConfigError(
-            f"task.seq_len={t.seq_len} cannot hold the longest training example: {need} tokens "
-            f"(3 * task.max_digits + 4, task.max_digits={t.max_digits}); set task.seq_len>={need}"
+            f"task.max_digits={t.max_digits} needs {need}-token training examples (3 * task.max_digits "
+            f"+ 4) but task.seq_len={t.seq_len}; lower task.max_digits or set task.seq_len>={need}"
+        )
+    if t.eval_max_digits < t.max_digits:
+        raise PipelineConfigError(
+            f"task.max_digits={t.max_digits} is above task.eval_max_digits={t.eval_max_digits}: the "
+            "test grid must cover the training lengths (the paper uses 2 * max_digits); lower "
+            "task.max_digits or raise task.eval_max_digits"
         )
     mc = model_config(cfg)
     if mc.vocab_size < AdditionDataModule.vocab_size:
