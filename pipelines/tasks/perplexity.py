@@ -10,6 +10,7 @@ Works for our DecoderLM and for Hugging Face causal LMs. It trains nothing.
 from __future__ import annotations
 
 import csv
+import logging
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,6 +24,7 @@ from pipelines.utils import PipelineConfigError, check_model_positions, evaluati
 from tape.metrics.perplexity import load_token_file, sliding_window_perplexity
 
 FIELDS = ["corpus", "length", "perplexity", "nll", "windows", "scored_tokens"]
+log = logging.getLogger("pipelines.evaluate")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -41,6 +43,23 @@ def adopt(task_cfg: DictConfig, source: Any, out_dir: Path) -> None:
             task_cfg.corpora = source.heldout_corpora(out_dir)
         if task_cfg.lengths is None:
             task_cfg.lengths = [m * source.context for m in (1, 2, 4)]
+        run_task = source.run_cfg.task if source.run_cfg is not None else {}
+        if run_task.get("eval_max_windows") is not None:  # a pretraining run: for protocol_note
+            task_cfg.run_eval = {"max_windows": run_task.get("eval_max_windows"),
+                                 "stride": run_task.get("eval_stride")}
+
+
+def protocol_note(task_cfg: DictConfig, results: list[dict[str, Any]]) -> str:
+    """Why these numbers differ from a pretraining run's own ppl_<m>x ("" when they should not)."""
+    own = task_cfg.get("run_eval")
+    if not own or (task_cfg.max_windows, task_cfg.stride) == (own.max_windows, own.stride):
+        return ""
+    counts = sorted({int(r["windows"]) for r in results})
+    windows = "every window" if task_cfg.max_windows is None else f"{task_cfg.max_windows} windows"
+    return (f"protocol: {windows} at stride {task_cfg.stride} ({counts[0]}-{counts[-1]} a length); the "
+            f"run's own ppl_<m>x used {own.max_windows} evenly spread windows at stride {own.stride}, so "
+            f"the two differ by design (task.max_windows={own.max_windows} task.stride={own.stride} "
+            "reproduces them)")
 
 
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str] | None:
@@ -87,6 +106,9 @@ def evaluate(model: nn.Module, task_cfg: DictConfig, out_dir: Path, title: str) 
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(results)
-    metrics = {f"ppl_{r['corpus']}_{r['length']}": float(r["perplexity"]) for r in results}
+    metrics: dict[str, Any] = {f"ppl_{r['corpus']}_{r['length']}": float(r["perplexity"]) for r in results}
+    if note := protocol_note(task_cfg, results):
+        log.info("%s", note)
+        metrics["protocol"] = note
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
