@@ -29,6 +29,10 @@ test:  ## Run the test suite (under 10 minutes on 2 cores)
 test-fast:  ## Run the tests not marked slow
 	$(BIN)/python -m pytest -q -m "not slow"
 
+demo:  ## A first look in ~3 minutes: TAPE and RoPE on flip-flop, a figure and a paired table in runs/demo/report/
+	$(BIN)/python -m pipelines.demo
+.PHONY: demo
+
 bench:  ## Efficiency benchmark (CPU, ~25 min): writes runs/benchmark/cpu/efficiency.md and .json (make reproduce publishes to results/)
 	nice -n 10 $(BIN)/python -m pipelines.benchmark
 .PHONY: bench

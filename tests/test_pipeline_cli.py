@@ -99,3 +99,15 @@ def test_progress_lines_when_output_goes_to_a_file(caplog, monkeypatch) -> None:
     assert not ProgressLog().active  # a terminal has the progress bar
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     assert ProgressLog().active
+
+
+def test_the_demo_trains_both_encodings_and_writes_its_report(tmp_path: Path) -> None:
+    """make demo's smoke equivalent: the same code on flipflop/smoke at two seeds."""
+    from pipelines import demo
+
+    out = tmp_path / "demo"
+    assert demo.main(["--out", str(out), "--experiment", "flipflop/smoke", "--seeds", "0", "1"]) == 0
+    text = (out / "report" / "README.md").read_text()
+    assert "figures/claim_demo.png" in text and (out / "report" / "figures" / "claim_demo.png").is_file()
+    assert "Paired over 2 seeds" in text and "described" in text  # a demo never gets a verdict
+    assert len([p for p in (out / "runs" / "flipflop" / "smoke").glob("*/*/*") if p.is_dir()]) == 4
