@@ -43,9 +43,9 @@ reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~2 h on 
 report:  ## Render results/ from the committed records in results/records (never W&B); your own runs: make report RUNS=runs OUT=runs/report
 	$(BIN)/python -m pipelines.report $(if $(RUNS),--runs $(RUNS)) $(if $(OUT),--out $(OUT)) $(REPORT_ARGS)
 
-notebook:  ## Execute notebooks/results.ipynb on results/; the copy with its figures goes to runs/notebook/
+notebook:  ## Execute notebooks/results.ipynb on results/ (RESULTS=<dir>: any rendered folder); the copy with figures goes to runs/notebook/
 	mkdir -p runs/notebook
-	$(BIN)/jupyter execute notebooks/results.ipynb --output=$(CURDIR)/runs/notebook/results
+	TAPE_RESULTS=$(abspath $(or $(RESULTS),results)) $(BIN)/jupyter execute notebooks/results.ipynb --output=$(CURDIR)/runs/notebook/results
 .PHONY: notebook
 
 wandb-view:  ## Look at offline W&B runs locally, no account (RUN=runs/<...>/wandb; default: the newest run)

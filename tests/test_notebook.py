@@ -63,10 +63,14 @@ def test_notebook_draws_every_section_from_the_committed_results(monkeypatch: py
     assert any("image/png" in o.get("data", {}) for o in pretrain.outputs)  # the plot was drawn
     text = "".join(str(o.get("text", "")) for o in pretrain.outputs)
     assert "no finished run" not in text
+    for marker in ('load("claims_all")', 'load(f"flipflop_{scale}")'):  # issue 23: Claims and flip-flop
+        cell = next(c for c in code if marker in c.source)
+        assert any("image/png" in o.get("data", {}) for o in cell.outputs), marker
 
 
 def test_make_notebook_runs_the_notebook_with_the_venvs_jupyter() -> None:
     makefile = (ROOT / "Makefile").read_text()
     target = makefile.split("\nnotebook:", 1)[1].split("\n\n", 1)[0]
     assert "$(BIN)/jupyter execute notebooks/results.ipynb" in target
+    assert "TAPE_RESULTS=$(abspath $(or $(RESULTS),results))" in target  # any rendered folder
     assert "make notebook" in (ROOT / "README.md").read_text()
