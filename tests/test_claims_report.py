@@ -154,7 +154,8 @@ def test_c1_factorial_arms_are_told_apart_by_abacus_and_paired(tmp_path: Path) -
     headline = {r["claim"].split(":")[0]: r for r in csv.DictReader(open(out / "tables" / "claims.csv"))}
     assert headline["C1"]["answer at this scale"] == (
         "TAPE + Abacus better than RoPE + Abacus; the paper's effect is excluded for "
-        "TAPE + Abacus - RoPE + Abacus, TAPE - RoPE")
+        "TAPE + Abacus - RoPE + Abacus, TAPE - RoPE; secondary: TAPE better than RoPE, "
+        "TAPE + Abacus better than NoPE + Abacus, NoPE + Abacus better than RoPE")
     assert headline["C1"]["question"].startswith("Does TAPE add numbers longer")
     assert every["TAPE - RoPE"]["effect Δ [95 % CI]"].startswith("Δ +0.07 [")  # the runs without Abacus
     assert every["NoPE + Abacus - RoPE"]["effect Δ [95 % CI]"].startswith("Δ +21.00 [")  # the confound

@@ -309,6 +309,10 @@ def answer(result: ClaimResult, cfg: ClaimsConfig) -> str:
     if tests:
         line += ("; the paper's effect is excluded for " + ", ".join(excluded) if excluded
                  else "; the paper's effect is not excluded")
+    found = [f"{arms[s.treatment].title} {s.verdict} than {arms[s.baseline].title}"
+             for s in result.comparisons[1:] if s.tested and s.verdict in ("better", "worse")]
+    if found:
+        line += "; secondary: " + ", ".join(found)
     return line
 
 
