@@ -296,7 +296,8 @@ def answer(result: ClaimResult, cfg: ClaimsConfig) -> str:
     arms = cfg.arms
     first, second = arms[c.treatment].title, arms[c.baseline].title
     if c.n == 0:
-        return "not answered: no valid pair of runs"
+        return ("not answered: no valid pair of runs" if result.runs
+                else f"not run yet: `{result.claim.command}`")
     words = {"better": f"{first} better than {second}", "worse": f"{first} worse than {second}",
              "equivalent": f"{first} and {second} equivalent within ±{c.metric.margin:g}",
              "inconclusive": f"no difference shown between {first} and {second}, and no equivalence",
