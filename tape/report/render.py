@@ -238,8 +238,8 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
     readme = [
         "# Results",
         "",
-        f"Rendered by `{command}` from the run "
-        f"directories under `{runs_dir}/` (never from W&B). Every number in a column "
+        f"Rendered by `{command}` from the runs "
+        f"(run records or run directories) under `{runs_dir}/` (never from W&B). Every number in a column "
         "without \"paper\" in its header comes from a run listed in [runs.csv](runs.csv); columns "
         "and rows marked \"paper\" are the paper's numbers (tape-spec E). A cell without a number "
         "says why (\"not run: ...\", \"unfinished: ...\")."
