@@ -11,7 +11,7 @@ config values the arm names.
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,8 +21,8 @@ import yaml
 from tape.report.claim_figures import claim_figure, flops_figure
 from tape.report.document import Context, Figure, Section
 from tape.report.groups import NOT_RUN, group_by
-from tape.report.paired import (DESCRIBED, Comparison, MetricSpec, PaperEffect, compare, decide,
-                                needed_pairs, paper_effect_test, successes)
+from tape.report.paired import (DESCRIBED, MIN_VERDICT_PAIRS, Comparison, MetricSpec, PaperEffect, compare,
+                                decide, needed_pairs, paper_effect_test, successes)
 from tape.report.paper import display
 from tape.report.provenance import provenance_line
 from tape.report.runs import Run
@@ -80,6 +80,7 @@ class Claim:
     valid: Mapping[str, float] = field(default_factory=dict)  # metric -> the least a valid seed has
     profiles: tuple[str, ...] = ()  # the reproduction profiles that run it (empty: every one)
     settings: Mapping[str, Any] = field(default_factory=dict)  # config values every arm's runs have
+    exploratory: bool = False  # read after seeing results: described, never judged
 
     @property
     def arm_names(self) -> list[str]:
@@ -168,7 +169,8 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
                             note=c.get("note", ""), also=tuple(c.get("also") or ()),
                             valid={k: float(v) for k, v in (c.get("valid") or {}).items()},
                             profiles=tuple(c.get("profiles") or ()),
-                            settings=dict(c.get("settings") or {})))
+                            settings=dict(c.get("settings") or {}),
+                            exploratory=bool(c.get("exploratory", False))))
     return ClaimsConfig(alpha=alpha, metrics=metrics, arms=arms, claims=tuple(claims),
                         require=dict(raw.get("require") or {}),
                         describe_seeds=int(raw.get("describe_seeds", 2)))
@@ -229,7 +231,12 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
     unpaired = sum(1 for r in runs if r.finished and r.experiment == claim.experiment
                    and any(a.matches(r, claim.settings) for a in arms)
                    and not any(a.matches(r, require) for a in arms))
-    return ClaimResult(claim, decide(comparisons, cfg.alpha), values, used, unpaired, arm_runs, dropped)
+    decided = decide(comparisons, cfg.alpha)
+    if claim.exploratory:  # a reading chosen after seeing results: no verdict word until confirmed
+        decided = [replace(c, verdict=DESCRIBED, reason=f"exploratory, p = {c.p_adjusted:.3g}: the reading was "
+                           "chosen after seeing earlier runs; a claim on fresh seeds confirms it or not")
+                   if c.n >= MIN_VERDICT_PAIRS else c for c in decided]
+    return ClaimResult(claim, decided, values, used, unpaired, arm_runs, dropped)
 
 
 def _without(values: Mapping[int, float], seeds: set[int]) -> dict[int, float]:
