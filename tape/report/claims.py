@@ -434,6 +434,13 @@ def claim_rows(rows: list[dict[str, str]], claim_id: str) -> list[dict[str, str]
     return out
 
 
+def _has_numbers(rows: list[dict[str, str]], title: str) -> bool:
+    """Whether a claim's previous rows are worth carrying: the same claim (its title; a claim
+    redefined since is not carried) with at least one number (a "not run" row is not)."""
+    return bool(rows) and rows[0]["claim"] == title and any(
+        row.get("effect Δ [95 % CI]", NOT_RUN) != NOT_RUN for row in rows)
+
+
 def carried_rows(previous: list[dict[str, str]], columns: list[str], mark: str) -> list[list[str]]:
     """``previous`` rows laid out in ``columns`` (by name; a column they lack is empty), the
     first one's ``mark`` column prefixed with CARRIED once (a carried row keeps its note)."""
@@ -455,9 +462,8 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
     headline_columns = ["claim", "question", "answer at this scale", "primary comparison: Δ [95 % CI]",
                         "n paired seeds (planned)", "the paper's statement and number (paper)"]
     before = {name: previous_rows(ctx.out_dir, name) for name in ("claims", "claims_all", "claims_arms")}
-    carried = {r.claim.id for r in results  # a claim redefined since (another title) is not carried
-               if ctx.carry_over and not r.runs and [row["claim"] for row in claim_rows(
-                   before["claims_all"], r.claim.id)][:1] == [f"{r.claim.id}: {r.claim.title}"]}
+    carried = {r.claim.id for r in results if ctx.carry_over and not r.runs
+               and _has_numbers(claim_rows(before["claims_all"], r.claim.id), f"{r.claim.id}: {r.claim.title}")}
     headline, every, arm_rows = [], [], []
     for r in results:
         if r.claim.id in carried:
