@@ -60,6 +60,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     if is_rank_zero():
         check_run_dir_new(run_dir)  # fails fast; the claim below is what makes it this run's
     task = get_task(cfg.task.name)
+    wandb_log.check_online_login(cfg)
     if hasattr(task, "run"):  # a multi-stage task (context extension) runs its own fits
         check_accelerator(cfg.trainer)
         quiet_known_noise()

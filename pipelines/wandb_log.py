@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.utils import drop_wandb_anonymous, instantiate_group
+from pipelines.utils import PipelineConfigError, drop_wandb_anonymous, instantiate_group
 
 Row = dict[str, Any]
 
@@ -95,6 +96,33 @@ def resumed_run_id(ckpt: Path | None) -> str | None:
         return None
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
     return run_id(run_dir)
+
+
+def has_wandb_login() -> bool:
+    """An API key W&B would use: WANDB_API_KEY, or `wandb login`'s entry in ~/.netrc."""
+    import netrc
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def check_online_login(cfg: DictConfig) -> None:
+    """logger=wandb_online without a login: one message naming the fix, before any directory
+    (W&B itself would fail after the run directory exists, with two tracebacks)."""
+    wandb_cfg = (cfg.get("logger") or {}).get("wandb")
+    if wandb_cfg is None or wandb_cfg.get("offline", True):
+        return
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or has_wandb_login():
+        return
+    raise PipelineConfigError(
+        "logger=wandb_online needs a W&B login and network: run `wandb login` (or set "
+        "WANDB_API_KEY), or log offline with logger=wandb (the default) and upload later with "
+        "make wandb-sync"
+    )
 
 
 def open_loggers(cfg: DictConfig, ckpt: Path | None = None) -> list[Any]:

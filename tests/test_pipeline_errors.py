@@ -141,3 +141,15 @@ def test_a_training_length_out_of_range_names_max_digits(tmp_path: Path) -> None
     assert "lower task.max_digits or set task.seq_len>=300004" in both
     out = cli(["experiment=addition/smoke", "logger=none", "task.max_digits=7", "task.seq_len=30"], tmp_path)
     assert "task.max_digits=7 is above task.eval_max_digits=6" in out.stdout + out.stderr
+
+
+def test_wandb_online_without_a_login_is_refused_before_any_folder(tmp_path: Path) -> None:
+    """Issue 23: 82 lines, two tracebacks and a failed run directory before."""
+    home = tmp_path / "home"
+    home.mkdir()  # no ~/.netrc: no `wandb login`
+    env = {"HOME": str(home), "WANDB_API_KEY": "", "WANDB_MODE": ""}
+    out = cli(["experiment=addition/smoke", "logger=wandb_online"], tmp_path, **env)
+    both = out.stdout + out.stderr
+    assert out.returncode == 1 and "logger=wandb_online needs a W&B login" in both, both[-3000:]
+    assert "wandb login" in both and "logger=wandb" in both and "Traceback" not in both
+    assert not (tmp_path / "runs").exists()
