@@ -7,8 +7,8 @@ import torch
 
 from tape.model import DecoderLM, ModelConfig
 
-ALL_PES = ["alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
-SHIFT_INVARIANT_PES = ["alibi", "nope", "rope", "t5", "tape", "xpos"]
+ALL_PES = ["alibi", "fire", "nope", "prope", "randpe", "rope", "t5", "tape", "xpos"]
+SHIFT_INVARIANT_PES = ["alibi", "nope", "prope", "rope", "t5", "tape", "xpos"]
 
 
 def tiny_config(pe: str, **overrides) -> ModelConfig:

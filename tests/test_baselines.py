@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from model_helpers import tiny_model
@@ -78,3 +79,38 @@ def test_xpos_decay_depends_on_distance_only():
     assert torch.allclose(s[1] / s[0], s[3] / s[2])  # same distance, same relative scale
     zeta = (torch.arange(0, 8, 2, dtype=torch.float64) + 3.2) / 11.2
     assert torch.allclose(s[1] / s[0], zeta ** (30 / 2048))
+
+
+# ---------------------------------------------------------------------------- p-RoPE
+def test_prope_at_one_is_rope_and_at_zero_is_nope() -> None:
+    """p-RoPE's reductions (issue 25): p = 1 rotates every pair (RoPE), p = 0 none (NoPE)."""
+    from model_helpers import tiny_model
+
+    ids = torch.randint(0, 37, (2, 20), generator=torch.Generator().manual_seed(1))
+    rope, nope = tiny_model("rope"), tiny_model("nope")
+    full, none = tiny_model("prope", prope_fraction=1.0), tiny_model("prope", prope_fraction=0.0)
+    with torch.no_grad():
+        torch.testing.assert_close(full(ids).logits, rope(ids).logits, rtol=0, atol=0)
+        torch.testing.assert_close(none(ids).logits, nope(ids).logits, rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(tiny_model("prope")(ids).logits, rope(ids).logits, atol=1e-4)
+
+
+def test_prope_keeps_ropes_highest_frequencies_unchanged() -> None:
+    """Not a respaced spectrum (Hugging Face's partial_rotary_factor): the kept pairs rotate at
+    exactly RoPE's frequencies, the lowest quarter not at all."""
+    from tape.pe.rope import rope_table
+
+    pos = torch.arange(50)[None]
+    rope = rope_table(pos, 16, 10000.0, 1.0, torch.float64)  # (1, 1, 50, 16) = [cos | sin]
+    prope = rope_table(pos, 16, 10000.0, 1.0, torch.float64, fraction=0.75)
+    cos, sin = prope[..., :8], prope[..., 8:]
+    torch.testing.assert_close(prope[..., :6], rope[..., :6])  # 6 of the 8 pairs kept, highest first
+    torch.testing.assert_close(prope[..., 8:14], rope[..., 8:14])
+    assert torch.all(cos[..., 6:] == 1) and torch.all(sin[..., 6:] == 0)
+
+
+def test_prope_fraction_out_of_range_is_refused() -> None:
+    from tape.model import ConfigError, ModelConfig
+
+    with pytest.raises(ConfigError, match="prope_fraction=1.5 must be in"):
+        ModelConfig(vocab_size=8, n_layers=1, d_model=16, n_heads=2, pe="prope", prope_fraction=1.5)

@@ -7,7 +7,7 @@ import tape.pe
 
 
 def test_registry_has_the_eight_encodings():
-    assert tape.pe.names() == ["alibi", "fire", "nope", "randpe", "rope", "t5", "tape", "xpos"]
+    assert tape.pe.names() == ["alibi", "fire", "nope", "prope", "randpe", "rope", "t5", "tape", "xpos"]
 
 
 @pytest.mark.parametrize(

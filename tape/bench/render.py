@@ -9,7 +9,7 @@ from tape.bench import paper_numbers
 LABELS = {
     "tape_fused": "TAPE fused", "tape_unfused": "TAPE unfused", "tape_concat": "TAPE concat",
     "tape_padded": "TAPE padded", "tape_triton": "TAPE Triton kernel", "rope": "RoPE", "fire": "FIRE",
-    "t5": "T5 bias", "alibi": "ALiBi", "xpos": "xPos", "randpe": "RandPE", "nope": "NoPE",
+    "t5": "T5 bias", "alibi": "ALiBi", "xpos": "xPos", "randpe": "RandPE", "nope": "NoPE", "prope": "p-RoPE",
 }
 MIB = 2**20
 

@@ -20,7 +20,7 @@ from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, make_variants
 from tape.kernels import triton_available
 from tape.model import ModelConfig
 
-ALL_PES = ["tape", "rope", "fire", "t5", "alibi", "xpos", "randpe", "nope"]
+ALL_PES = ["tape", "rope", "prope", "fire", "t5", "alibi", "xpos", "randpe", "nope"]
 
 
 @dataclass

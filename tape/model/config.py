@@ -48,6 +48,10 @@ class ModelConfig:
     rope_scaling: float = 1.0
     """Linear position interpolation: positions are divided by this factor (1 = none)."""
 
+    # --- p-RoPE (Barbero et al. 2025) ---
+    prope_fraction: float = 0.75
+    """Share of RoPE's frequency pairs that rotate, the highest ones (1 = RoPE, 0 = NoPE)."""
+
     # --- RandPE (Ruoss et al. 2023) ---
     randpe_max_position: int | None = None
     """Training positions are a sorted random subset of [0, this); None means 2 * max_seq_len."""
@@ -161,6 +165,8 @@ class ModelConfig:
             )
         if self.rope_scaling <= 0:
             problems.append(f"rope_scaling={self.rope_scaling} must be > 0 (1 = no interpolation)")
+        if not 0.0 <= self.prope_fraction <= 1.0:
+            problems.append(f"prope_fraction={self.prope_fraction} must be in [0, 1] (1 = RoPE, 0 = NoPE)")
         if self.tape_post_attn not in ("mix", "rowsum"):
             problems.append(f"tape_post_attn={self.tape_post_attn!r}; choose 'mix' or 'rowsum'")
         if self.tape_zero_init not in ("w1", "w2"):

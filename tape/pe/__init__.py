@@ -47,6 +47,6 @@ def build(cfg: "ModelConfig") -> PositionalEncoding:
 
 
 # Importing the modules registers them.
-from tape.pe import alibi, fire, nope, randpe, rope, t5, tape, xpos  # noqa: E402,F401
+from tape.pe import alibi, fire, nope, prope, randpe, rope, t5, tape, xpos  # noqa: E402,F401
 
 __all__ = ["LayerPE", "PositionState", "PositionalEncoding", "build", "get", "names", "register"]

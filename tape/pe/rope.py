@@ -14,10 +14,15 @@ from tape.pe.base import LayerPE, PositionalEncoding, PositionState, angle_dtype
 
 
 def rope_table(
-    positions: Tensor, head_dim: int, theta: float, scaling: float, dtype: torch.dtype
+    positions: Tensor, head_dim: int, theta: float, scaling: float, dtype: torch.dtype,
+    fraction: float = 1.0,
 ) -> Tensor:
-    """positions (B, N) int64 -> (B, 1, N, d) = [cos(t·f_b) | sin(t·f_b)], t = position/scaling."""
-    inv_freq = inverse_frequencies(head_dim, theta, positions.device)  # (d/2,)
+    """positions (B, N) int64 -> (B, 1, N, d) = [cos(t·f_b) | sin(t·f_b)], t = position/scaling.
+    ``fraction`` < 1 keeps the highest frequencies only (p-RoPE): the others get angle 0."""
+    inv_freq = inverse_frequencies(head_dim, theta, positions.device)  # (d/2,), highest first
+    if fraction < 1.0:
+        kept = round(fraction * inv_freq.numel())
+        inv_freq = torch.where(torch.arange(inv_freq.numel(), device=inv_freq.device) < kept, inv_freq, 0.0)
     t = positions.to(angle_dtype(positions.device)) / scaling  # (B, N)
     angles = t[..., None] * inv_freq  # (B, N, d/2)
     table = torch.cat([angles.cos(), angles.sin()], dim=-1)  # (B, N, d)

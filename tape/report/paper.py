@@ -83,7 +83,7 @@ PASSKEY_FIG3: dict[str, tuple[float, ...]] = {
 
 # Display names of PEs and context-extension methods.
 DISPLAY: dict[str, str] = {
-    "rope": "RoPE", "alibi": "ALiBi", "randpe": "RandPE", "fire": "FIRE", "xpos": "xPos",
+    "rope": "RoPE", "alibi": "ALiBi", "randpe": "RandPE", "fire": "FIRE", "xpos": "xPos", "prope": "p-RoPE",
     "nope": "NoPE", "tape": "TAPE", "t5": "T5 bias", "base": "base (not extended)",
     "lora": "LoRA", "longlora": "LongLoRA", "theta": "Theta Scaling",
 }

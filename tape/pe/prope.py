@@ -1,0 +1,27 @@
+"""p-RoPE (Barbero et al., ICLR 2025, "Round and Round We Go! What makes Rotary Positional
+Encodings useful?"): RoPE with its lowest frequencies removed. The highest-frequency fraction
+``prope_fraction`` of the d/2 channel pairs rotates exactly as in RoPE, at RoPE's own
+frequencies; the other pairs are not rotated (angle 0), so they carry content only. Not Hugging
+Face's ``partial_rotary_factor``, which respaces the kept frequencies over the whole spectrum.
+p = 1 is RoPE; p = 0 is NoPE.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tape.pe import register
+from tape.pe.base import PositionState
+from tape.pe.rope import RoPE, rope_table
+
+
+@register("prope")
+class PRoPE(RoPE):
+    """RoPE rotating only the highest-frequency fraction ``prope_fraction`` of its pairs.
+    Options: ``prope_fraction``, ``rope_theta``, ``rope_scaling``."""
+
+    def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
+        cfg = self.cfg
+        rot = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, cfg.prope_fraction)
+        return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
