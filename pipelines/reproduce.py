@@ -18,8 +18,10 @@ and renders whatever has finished). Profiles:
 - ``paper``: the tables at paper scale (prints the commands).
 
 A run is finished when a run directory of its experiment / PE / seed (and, for a claim arm, with
-the arm's config values) holds metrics.json (see tape/report/runs.py), so an interrupted
-reproduction continues where it stopped. ``--dry-run`` shows the plan and runs nothing.
+the arm's config values) holds metrics.json, or a committed record does (``<out>/records``,
+tape/report/records.py), so an interrupted reproduction, or one in a fresh clone, continues where
+it stopped. Each finished run's record is written as soon as its command returns, and results/
+renders from the records. ``--dry-run`` shows the plan and runs nothing.
 
 ``--jobs N`` runs N runs at once, each with cpu_count // N torch threads and its output in
 ``<runs>/reproduce-logs/``: the small cpu-profile models use a second core poorly, so two
