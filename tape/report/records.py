@@ -15,7 +15,7 @@ import filecmp
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from tape.report.runs import Run, find_runs
 
@@ -91,7 +91,3 @@ def finished_runs(*roots: str | Path) -> list[Run]:
             seen.setdefault((run.experiment, run.pe, run.seed, run.name), run)
     return list(seen.values())
 
-
-def dirty(runs: Iterable[Run]) -> list[Run]:
-    """The runs made from a working tree with uncommitted changes (commit marked "+dirty")."""
-    return [r for r in runs if "+dirty" in r.commit]
