@@ -108,23 +108,29 @@ def t_pvalue(deltas: np.ndarray) -> float:
     return float(stats.ttest_1samp(deltas, 0.0).pvalue)
 
 
-def sign_flip_pvalue(deltas: np.ndarray, n_resamples: int = 200_000, seed: int = 0) -> float:
-    """Two-sided sign-flip p-value of |sum Δ|: the share of the 2^n sign patterns whose |sum| is
-    at least the observed one (exact up to EXACT_SIGN_FLIP_MAX_N values, else Monte Carlo).
-    With n values the smallest possible p is 2 / 2^n: n = 6 is the least that can reach 0.05."""
+def sign_flip_pvalue(deltas: np.ndarray, n_resamples: int = 200_000, seed: int = 0,
+                     alternative: Literal["two-sided", "less"] = "two-sided") -> float:
+    """Sign-flip p-value: the share of the 2^n sign patterns whose sum is at least as extreme as
+    the observed one (two-sided: |sum| at least |observed|; less: sum at most observed), exact
+    up to EXACT_SIGN_FLIP_MAX_N values, else Monte Carlo. Two-sided, the smallest possible p at
+    n values is 2 / 2^n: n = 6 is the least that can reach 0.05."""
     d = np.asarray(deltas, dtype=float)
     n = len(d)
     if n == 0:
         return 1.0
-    observed = abs(d.sum())
     tol = 1e-12 * max(1.0, float(np.abs(d).sum()))
+
+    def extreme(sums: np.ndarray) -> np.ndarray:
+        if alternative == "less":
+            return sums <= d.sum() + tol
+        return np.abs(sums) >= abs(d.sum()) - tol
+
     if n <= EXACT_SIGN_FLIP_MAX_N:
         signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # (2^n, n)
-        return float(np.mean(np.abs(signs @ d) >= observed - tol))
+        return float(np.mean(extreme(signs @ d)))
     rng = np.random.default_rng(seed)
     signs = rng.choice((1.0, -1.0), size=(n_resamples, n))
-    hits = int(np.sum(np.abs(signs @ d) >= observed - tol))
-    return (hits + 1) / (n_resamples + 1)
+    return (int(np.sum(extreme(signs @ d))) + 1) / (n_resamples + 1)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -320,13 +326,7 @@ def paper_effect_test(deltas: Sequence[float], delta: float, n_resamples: int = 
         p_t = 0.0 if x[0] < 0 else 1.0
     else:
         p_t = float(stats.ttest_1samp(x, 0.0, alternative="less").pvalue)
-    tol = 1e-12 * max(1.0, float(np.abs(x).sum()))
-    if n <= EXACT_SIGN_FLIP_MAX_N:
-        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))  # (2^n, n)
-        p_sf = float(np.mean(signs @ x <= x.sum() + tol))
-    else:
-        signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(n_resamples, n))
-        p_sf = (int(np.sum(signs @ x <= x.sum() + tol)) + 1) / (n_resamples + 1)
+    p_sf = sign_flip_pvalue(x, n_resamples, seed, alternative="less")
     return PaperEffect(delta, max(p_t, p_sf), n)
 
 
