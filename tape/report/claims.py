@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
-from tape.report.claim_figures import claim_figure, flops_figure
+from tape.report.claim_figures import claim_figure, flops_figure, validation_curve
 from tape.report.document import Context, Figure, Section
 from tape.report.groups import NOT_RUN, group_by
 from tape.report.paired import (DESCRIBED, MIN_VERDICT_PAIRS, Comparison, MetricSpec, PaperEffect, compare,
@@ -331,15 +331,8 @@ def steps_to(run: Run, threshold: float = 0.99, key: str = "val/exact_match") ->
     """The training steps done at the first validation whose ``key`` reached ``threshold``
     (csv/metrics.csv of the run; validation is in-distribution), or None when it never did or
     nothing was logged. Its resolution is the run's val_check_interval."""
-    try:
-        with open(run.path / "csv" / "metrics.csv", newline="") as f:
-            for row in csv.DictReader(f):
-                value = row.get(key) or ""
-                if value and float(value) >= threshold:
-                    return float(row["step"]) + 1  # Lightning logs the last batch's 0-based index
-    except (OSError, ValueError, KeyError):
-        return None
-    return None
+    reached = [step for step, value in validation_curve(run, key).items() if value >= threshold]
+    return float(min(reached)) if reached else None
 
 
 def _arm_runs(result: ClaimResult, arm: str) -> list[Run]:
