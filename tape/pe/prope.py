@@ -8,12 +8,8 @@ p = 1 is RoPE; p = 0 is NoPE.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
-
 from tape.pe import register
-from tape.pe.base import PositionState
-from tape.pe.rope import RoPE, rope_table
+from tape.pe.rope import RoPE
 
 
 @register("prope")
@@ -21,7 +17,5 @@ class PRoPE(RoPE):
     """RoPE rotating only the highest-frequency fraction ``prope_fraction`` of its pairs.
     Options: ``prope_fraction``, ``rope_theta``, ``rope_scaling``."""
 
-    def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
-        cfg = self.cfg
-        rot = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype, cfg.prope_fraction)
-        return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
+    def rotating_fraction(self) -> float:
+        return self.cfg.prope_fraction

@@ -54,9 +54,14 @@ class RoPE(PositionalEncoding):
 
     rotary = True
 
+    def rotating_fraction(self) -> float:
+        """Share of the frequency pairs that rotate, the highest ones (p-RoPE keeps fewer)."""
+        return 1.0
+
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
         cfg = self.cfg
-        rot = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype)
+        rot = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype,
+                         self.rotating_fraction())
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
 
     def make_layer(self, layer_idx: int) -> LayerPE:
