@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from pipelines.utils import PipelineConfigError, read_checkpoint_step
+from pipelines.utils import PipelineConfigError, load_checkpoint
 from tape.model import ModelConfig
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
@@ -76,8 +76,7 @@ class RunSource:
     def _checkpoint(self) -> dict[str, Any]:
         """The Lightning checkpoint, read once (on the CPU); a file that is not one (truncated,
         damaged) fails with the same message as ``pipelines.train ckpt_path=...``."""
-        read_checkpoint_step(self.ckpt, "ckpt")
-        return torch.load(self.ckpt, map_location="cpu", weights_only=False)
+        return load_checkpoint(self.ckpt, "ckpt")
 
     def model_config(self) -> ModelConfig | None:
         """The DecoderLM's config (None for Hugging Face models), read from the checkpoint."""

@@ -674,6 +674,12 @@ def _newest_run_checkpoint(cfg: DictConfig, run_dir: Path) -> Path:
 def read_checkpoint_step(path: Path, key: str = "ckpt_path") -> int:
     """The global step of a Lightning checkpoint; fails naming ``key`` when the file is not one
     (truncated, corrupt, or some other file), instead of torch's unpickling advice."""
+    return int(load_checkpoint(path, key)["global_step"])
+
+
+def load_checkpoint(path: Path, key: str = "ckpt_path") -> dict[str, Any]:
+    """A Lightning checkpoint (memory-mapped, on the CPU); a file that is not one fails with one
+    message naming ``key``."""
     import torch
 
     try:
@@ -689,7 +695,7 @@ def read_checkpoint_step(path: Path, key: str = "ckpt_path") -> int:
             f"{key}={path} is not a Lightning checkpoint (no state_dict / global_step); pass a "
             "checkpoints/*.ckpt file written by pipelines.train"
         )
-    return int(state["global_step"])
+    return state
 
 
 def check_resumable(cfg: DictConfig, ckpt: Path, key: str = "ckpt_path") -> None:
