@@ -460,15 +460,9 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
     headline, every, arm_rows = [], [], []
     for r in results:
         if r.claim.id in carried:
-            old = claim_rows(before["claims"], r.claim.id)[:1]
-            if old and "answer at this scale" not in old[0]:  # a render from before the headline
-                old = [{**old[0], "answer at this scale": old[0].get("verdict", ""),
-                        "primary comparison: Δ [95 % CI]": old[0].get("effect Δ [95 % CI]", ""),
-                        "n paired seeds (planned)": old[0].get("n paired seeds", ""), "question": r.claim.question}]
-            headline += carried_rows(old, headline_columns, "answer at this scale")
-            old_all = [{**row, "n paired seeds (planned)": row.get("n paired seeds (planned)", row.get("n paired seeds", ""))}
-                       for row in claim_rows(before["claims_all"], r.claim.id)]
-            every += carried_rows(old_all, columns, "verdict")
+            headline += carried_rows(claim_rows(before["claims"], r.claim.id)[:1], headline_columns,
+                                     "answer at this scale")
+            every += carried_rows(claim_rows(before["claims_all"], r.claim.id), columns, "verdict")
             arm_rows += [[row[c] for c in ARM_COLUMNS] for row in before["claims_arms"] if row["claim"] == r.claim.id]
             continue
         headline.append([f"{r.claim.id}: {r.claim.title}", r.claim.question, answer(r, cfg),
