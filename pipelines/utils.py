@@ -322,26 +322,17 @@ def preflight(config_name: str, argv: list[str]) -> None:
     to report. DDP's extra processes rerun the command inside rank 0's directory: not checked."""
     if not is_rank_zero():
         return
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     multirun = bool({"-m", "--multirun"} & set(argv))
     overrides = [a for a in argv if not a.startswith("-")]
     if (problem := contradiction_problem(config_name, overrides)) is not None:
         raise PipelineConfigError(problem)
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=_first_of_each_sweep(overrides),
-                          return_hydra_config=True)
-            runs_dir = OmegaConf.select(cfg, "paths.runs_dir")
-            run_dir = None if multirun else OmegaConf.select(cfg, "hydra.run.dir")
-    except Exception:  # noqa: BLE001 - Hydra reports a config it cannot compose, with context
-        GlobalHydra.instance().clear()
+    cfg = compose_or_none(config_name, _first_of_each_sweep(overrides), hydra=True)
+    if cfg is None:  # Hydra reports a config it cannot compose, with context; a typo is ours
         if (problem := unknown_key_problem(config_name, overrides)) is not None:
-            raise PipelineConfigError(problem) from None
+            raise PipelineConfigError(problem)
         return
-    finally:
-        GlobalHydra.instance().clear()
+    runs_dir = OmegaConf.select(cfg, "paths.runs_dir")
+    run_dir = None if multirun else OmegaConf.select(cfg, "hydra.run.dir")
     if runs_dir:
         check_writable(runs_dir, "paths.runs_dir")
     if run_dir:
@@ -349,6 +340,21 @@ def preflight(config_name: str, argv: list[str]) -> None:
         check_run_dir_new(run_dir)
         if not (runs_dir and run_dir.resolve().is_relative_to(Path(str(runs_dir)).resolve())):
             check_writable(run_dir.parent, "hydra.run.dir", run_dir)  # a run outside paths.runs_dir
+
+
+def compose_or_none(config_name: str, overrides: list[str], hydra: bool = False) -> DictConfig | None:
+    """conf/<config_name> composed with ``overrides`` (with the hydra node when ``hydra``), or
+    None when Hydra cannot compose it (Hydra then reports why itself)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
+    except Exception:  # noqa: BLE001 - any composition failure: left to Hydra's own message
+        return None
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
@@ -367,20 +373,12 @@ def unknown_key_problem(config_name: str, overrides: list[str]) -> str | None:
     a typo); None when every key exists or the config cannot be composed at all."""
     import difflib
 
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
-    settings = [o for o in _first_of_each_sweep(overrides) if "=" in o and not o.startswith(("+", "~"))
-                and o.split("=", 1)[0] not in groups]
-    choices = [o for o in _first_of_each_sweep(overrides) if o not in settings]
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=choices, return_hydra_config=True)
-    except Exception:  # noqa: BLE001 - a bad group choice: Hydra's message lists the options
+    first = _first_of_each_sweep(overrides)
+    settings = [o for o in first if "=" in o and not o.startswith(("+", "~")) and o.split("=", 1)[0] not in groups]
+    cfg = compose_or_none(config_name, [o for o in first if o not in settings], hydra=True)
+    if cfg is None:  # a bad group choice: Hydra's message lists the options
         return None
-    finally:
-        GlobalHydra.instance().clear()
     known = _dotted_keys(OmegaConf.to_container(cfg, resolve=False))
     problems = []
     for key in (o.split("=", 1)[0] for o in settings):
@@ -405,17 +403,10 @@ def contradiction_problem(config_name: str, overrides: list[str]) -> str | None:
     given = dict(o.split("=", 1) for o in overrides if "=" in o)
     if "experiment" not in given or "task" not in given or "," in given["experiment"] + given["task"]:
         return None
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            preset = compose(config_name=config_name, overrides=[f"experiment={given['experiment']}"])
-            chosen = compose(config_name=config_name, overrides=[f"task={given['task']}"])
-    except Exception:  # noqa: BLE001 - an unknown preset or task: Hydra lists the options
+    preset = compose_or_none(config_name, [f"experiment={given['experiment']}"])
+    chosen = compose_or_none(config_name, [f"task={given['task']}"])
+    if preset is None or chosen is None:  # an unknown preset or task: Hydra lists the options
         return None
-    finally:
-        GlobalHydra.instance().clear()
     if preset.task.name != chosen.task.name:
         return (f"experiment={given['experiment']} trains task {preset.task.name}, but task={given['task']} "
                 f"asks for {chosen.task.name}: drop task= (or choose a {chosen.task.name} preset, "
