@@ -19,6 +19,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tape.bench import BenchSettings, OpSettings, TrainSettings, run_benchmark
+from tape.bench.run import ALL_PES
 from tape.bench.machine import git_state
 from tape.bench.render import default_notes, render_markdown
 
@@ -35,7 +36,8 @@ def settings_from_config(cfg: DictConfig) -> BenchSettings:
         if cfg[key] is not None:
             op[key] = train[key] = int(cfg[key])
     return BenchSettings(
-        device=str(cfg.device), scale=str(cfg.scale), pes=list(cfg.pes),
+        device=str(cfg.device), scale=str(cfg.scale),
+        pes=list(ALL_PES) if cfg.pes == "all" else list(cfg.pes),
         tape_modes=list(cfg.tape_modes), backend=str(cfg.backend),
         dtype=str(cfg.dtype), op=OpSettings(**op), train=TrainSettings(**train),
         rss=bool(preset.get("rss", False) if cfg.rss is None else cfg.rss),

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from pipelines.utils import PipelineConfigError, load_checkpoint
+import tape.pe as pe_registry
 from tape.model import ModelConfig
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
@@ -81,7 +82,7 @@ class RunSource:
         """The DecoderLM's config (None for Hugging Face models), read from the checkpoint."""
         if self.ckpt is None:
             return None
-        return ModelConfig.from_dict(self._checkpoint["hyper_parameters"]["model"])
+        return ModelConfig.from_dict(pe_registry.legacy_options(self._checkpoint["hyper_parameters"]["model"]))
 
     def labels(self) -> dict[str, Any]:
         """Who was evaluated, for metrics.json."""

@@ -522,12 +522,15 @@ def write_json_once(path: Path, values: dict[str, Any]) -> None:
 def model_config(cfg: DictConfig) -> ModelConfig:
     """ModelConfig from the ``model`` (sizes) and ``pe`` (encoding + options) groups. Problems
     are reported with the command-line keys (``model.d_model``, ``pe.randpe_max_position``)."""
+    import tape.pe as pe_registry
     from tape.model import ConfigError, ModelConfig
 
     pe = OmegaConf.to_container(cfg.pe, resolve=True)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     try:
-        return ModelConfig.from_groups(model, pe)
+        mc = ModelConfig.from_groups(model, pe, pe_registry.option_names())
+        pe_registry.check(mc)
+        return mc
     except ConfigError as err:
         keys = ", ".join(f"pe.{k}" for k in pe if k != "name") or "none"
         raise PipelineConfigError(
@@ -538,14 +541,15 @@ def model_config(cfg: DictConfig) -> ModelConfig:
 
 def check_position_range(mc: ModelConfig, eval_len: int, eval_key: str) -> None:
     """Fail when evaluation needs positions that an absolute-position PE never trained on."""
-    if mc.pe == "randpe":
-        limit = mc.randpe_max_position or 2 * mc.max_seq_len
-        if eval_len > limit:
-            raise PipelineConfigError(
-                f"pe=randpe trains on positions in [0, {limit}) (pe.randpe_max_position, default "
-                f"2 * model.max_seq_len) but evaluation ({eval_key}) needs {eval_len} positions; "
-                f"set pe.randpe_max_position>={eval_len} or shorten the evaluation"
-            )
+    import tape.pe as pe_registry
+
+    bound = pe_registry.position_limit(mc)
+    if bound is not None and eval_len > bound.limit:
+        raise PipelineConfigError(
+            f"pe={mc.pe} trains on positions in [0, {bound.limit}) (pe.{bound.option}, default "
+            f"{bound.default}) but evaluation ({eval_key}) needs {eval_len} positions; "
+            f"set pe.{bound.option}>={eval_len} or shorten the evaluation"
+        )
 
 
 def check_model_positions(model: Any, eval_len: int, eval_key: str) -> None:

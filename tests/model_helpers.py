@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import torch
 
+import tape.pe
 from tape.model import DecoderLM, ModelConfig
 
-ALL_PES = ["alibi", "fire", "nope", "prope", "randpe", "rope", "t5", "tape", "xpos"]
-SHIFT_INVARIANT_PES = ["alibi", "nope", "prope", "rope", "t5", "tape", "xpos"]
+ALL_PES = tape.pe.names()
+SHIFT_INVARIANT_PES = [name for name in ALL_PES if tape.pe.get(name).relative]
+
+
+def config(**values) -> ModelConfig:
+    """ModelConfig whose PE options may be given beside the sizes (``tape_post_attn="rowsum"``);
+    options of other encodings are dropped, so one set of overrides serves a RoPE and a TAPE."""
+    flat = {k: values.pop(k) for k in list(values) if k in tape.pe.option_names()}
+    pe = values.get("pe", "rope")
+    own = set(tape.pe.get(pe).Options.names()) if pe in tape.pe.names() else set(flat)
+    pe_options = {**values.pop("pe_options", {}), **{k: v for k, v in flat.items() if k in own}}
+    return ModelConfig(**values, pe_options=pe_options)
 
 
 def tiny_config(pe: str, **overrides) -> ModelConfig:
     values = dict(vocab_size=37, n_layers=2, d_model=32, n_heads=4, max_seq_len=32, pe=pe)
     values.update(overrides)
-    return ModelConfig(**values)
+    return config(**values)
 
 
 def randomize(model: DecoderLM, seed: int = 0, qk_std: float = 0.35, pe_std: float = 0.1) -> DecoderLM:

@@ -110,7 +110,9 @@ def test_prope_keeps_ropes_highest_frequencies_unchanged() -> None:
 
 
 def test_prope_fraction_out_of_range_is_refused() -> None:
+    import tape.pe
     from tape.model import ConfigError, ModelConfig
 
     with pytest.raises(ConfigError, match="prope_fraction=1.5 must be in"):
-        ModelConfig(vocab_size=8, n_layers=1, d_model=16, n_heads=2, pe="prope", prope_fraction=1.5)
+        tape.pe.check(ModelConfig(vocab_size=8, n_layers=1, d_model=16, n_heads=2, pe="prope",
+                                  pe_options=dict(prope_fraction=1.5)))

@@ -22,7 +22,7 @@ from tape.model import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 TAPE_LABELS = ["tape_fused", "tape_unfused", "tape_concat", "tape_padded", "tape_triton"]
-ALL_LABELS = [*TAPE_LABELS, "rope", "fire", "t5", "alibi", "nope", "randpe", "xpos"]
+ALL_LABELS = [*TAPE_LABELS, "rope", "fire", "t5", "alibi", "nope", "prope", "randpe", "xpos"]  # pes: all
 
 
 def compose_benchmark(*overrides: str):

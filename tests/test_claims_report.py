@@ -326,6 +326,7 @@ def test_flop_matched_arms_take_tapes_flops_per_step() -> None:
     """The FLOP-matched RoPE arms' step counts follow the FLOP counter at the presets' shapes."""
     from conftest import compose_config
     from tape.bench.flops import model_costs
+    import tape.pe
     from tape.model import ModelConfig
 
     cfg = load_claims()
@@ -333,7 +334,7 @@ def test_flop_matched_arms_take_tapes_flops_per_step() -> None:
         flops = {}
         for pe in ("tape", "rope"):
             c = compose_config("config", [f"experiment={experiment}", f"pe={pe}"])
-            mc = ModelConfig.from_groups(dict(c.model), dict(c.pe))
+            mc = ModelConfig.from_groups(dict(c.model), dict(c.pe), tape.pe.option_names())
             flops[pe] = model_costs(mc, c.task.batch_size, c.task.seq_len, backward=True)["flops"]
         preset = compose_config("config", [f"experiment={experiment}"]).trainer.max_steps
         steps = cfg.arms[arm].match["trainer.max_steps"]

@@ -1,13 +1,10 @@
-"""ModelConfig rejects what cannot work, naming the field and the fix."""
+"""ModelConfig and the encodings reject what cannot work, naming the field and the fix."""
 
 import pytest
 
+from model_helpers import config
 from tape.model import ConfigError, DecoderLM, ModelConfig
 import tape.pe
-
-
-def test_registry_has_the_eight_encodings():
-    assert tape.pe.names() == ["alibi", "fire", "nope", "prope", "randpe", "rope", "t5", "tape", "xpos"]
 
 
 @pytest.mark.parametrize(
@@ -18,16 +15,17 @@ def test_registry_has_the_eight_encodings():
         (dict(d_model=36, n_heads=4, pe="rope"), ["head dim", "odd", "even"]),
         (dict(d_model=36, n_heads=4, pe="tape"), ["head dim", "odd", "even"]),
         (dict(n_heads=4, n_kv_heads=3), ["n_kv_heads=3", "divisor"]),
-        (dict(tape_post_attn="sum"), ["tape_post_attn", "'mix'"]),
+        (dict(pe="tape", tape_post_attn="sum"), ["tape_post_attn", "'mix'"]),
+        (dict(pe="tape", pe_options=dict(tape_post_atn="mix")), ["'tape_post_atn'", "did you mean 'tape_post_attn'"]),
         (dict(attn_backend="cuda"), ["attn_backend", "'sdpa'"]),
-        (dict(randpe_max_position=8, max_seq_len=32), ["randpe_max_position=8", "max_seq_len"]),
+        (dict(pe="randpe", randpe_max_position=8, max_seq_len=32), ["randpe_max_position=8", "max_seq_len"]),
     ],
 )
 def test_bad_config_names_field_and_fix(kwargs, fragments):
     values = dict(vocab_size=16, n_layers=1, d_model=32, n_heads=4)
     values.update(kwargs)
     with pytest.raises(ConfigError) as err:
-        ModelConfig(**values)
+        DecoderLM(config(**values))
     for fragment in fragments:
         assert fragment in str(err.value)
 
@@ -39,9 +37,36 @@ def test_odd_head_dim_is_fine_without_rotation():
 
 
 def test_all_problems_reported_at_once():
+    """Sizes are ModelConfig's to check, options the encoding's: each reports all of its own."""
     with pytest.raises(ConfigError) as err:
-        ModelConfig(vocab_size=16, n_layers=1, d_model=30, n_heads=4, pe="nope-ish")
-    assert "pe='nope-ish'" in str(err.value) and "d_model=30" in str(err.value)
+        ModelConfig(vocab_size=16, n_layers=1, d_model=30, n_heads=4, n_kv_heads=3, pe="nope-ish")
+    assert "n_kv_heads=3" in str(err.value) and "d_model=30" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        tape.pe.check(config(vocab_size=16, n_layers=1, d_model=32, n_heads=4, pe="tape",
+                             tape_post_attn="sum", tape_zero_init="w3"))
+    assert "tape_post_attn='sum'" in str(err.value) and "tape_zero_init='w3'" in str(err.value)
+
+
+def test_old_flat_layout_loads_through_legacy_options():
+    old = {**ModelConfig(vocab_size=16, n_layers=1, d_model=32, n_heads=4, max_seq_len=32).to_dict(), "pe": "randpe",
+           "rope_theta": 500.0, "tape_post_attn": "mix", "randpe_max_position": 64}
+    del old["pe_options"]
+    with pytest.raises(ConfigError, match="legacy_options"):
+        ModelConfig.from_dict(old)
+    cfg = ModelConfig.from_dict(tape.pe.legacy_options(old))
+    assert cfg.pe_options == {"rope_theta": 500.0, "randpe_max_position": 64}
+    DecoderLM(cfg)
+
+
+def test_from_groups_ignores_other_encodings_presets_but_not_typos():
+    model = dict(vocab_size=16, n_layers=1, d_model=32, n_heads=4, randpe_max_position=64)
+    rope = ModelConfig.from_groups(model, {"name": "rope", "rope_theta": 10.0}, tape.pe.option_names())
+    assert rope.pe_options == {"rope_theta": 10.0}
+    randpe = ModelConfig.from_groups(model, {"name": "randpe", "randpe_max_position": None},
+                                     tape.pe.option_names())
+    assert randpe.pe_options == {"randpe_max_position": 64}
+    with pytest.raises(ConfigError, match="n_layer"):
+        ModelConfig.from_groups({**model, "n_layer": 2}, {"name": "rope"}, tape.pe.option_names())
 
 
 def test_from_dict_round_trip_and_unknown_field():

@@ -12,7 +12,7 @@ from tape.pe.tape import TAPELayer
 def _model(**pe_options) -> DecoderLM:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=32, n_layers=3, d_model=32, n_heads=4, pe="tape", max_seq_len=24,
-                      **pe_options)
+                      pe_options=pe_options)
     return DecoderLM(cfg)
 
 

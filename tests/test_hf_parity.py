@@ -11,10 +11,10 @@ from tape.model import DecoderLM, ModelConfig
 def _to_hf(model: DecoderLM):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = model.cfg
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if cfg.rope_scaling != 1.0:
-        rope = {"rope_type": "linear", "rope_theta": cfg.rope_theta, "factor": cfg.rope_scaling}
+    cfg, opts = model.cfg, model.pe.opts
+    rope = {"rope_type": "default", "rope_theta": opts.rope_theta}
+    if opts.rope_scaling != 1.0:
+        rope = {"rope_type": "linear", "rope_theta": opts.rope_theta, "factor": opts.rope_scaling}
     hf_cfg = LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
@@ -37,7 +37,7 @@ def _to_hf(model: DecoderLM):
     return hf
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_heads=2, rope_scaling=2.0, rope_theta=500.0)],
+@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_heads=2, pe_options=dict(rope_scaling=2.0, rope_theta=500.0))],
                          ids=["mha", "gqa-pi"])
 def test_rope_decoder_equals_hf_llama(overrides):
     torch.manual_seed(0)

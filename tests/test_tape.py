@@ -165,7 +165,7 @@ def reference_tape_logits(model: DecoderLM, ids: torch.Tensor, post: str) -> tor
     b, n = ids.shape
     h, d = cfg.n_heads, cfg.head_dim
     x = model.embed.weight[ids]
-    inv = cfg.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    inv = model.pe.opts.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = torch.arange(n, dtype=torch.float64)[:, None] * inv  # (N, d/2)
     emb = torch.cat([ang, ang], dim=-1)  # duplicated halves
     cos = emb.cos().expand(b, h, n, d).clone()

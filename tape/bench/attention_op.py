@@ -83,5 +83,5 @@ def build_attention_op(
     return AttentionOp(
         layer=layer, state=state, q=rand(batch, h, seq_len, d), k=rand(batch, hkv, seq_len, d),
         v=rand(batch, hkv, seq_len, d), m=rand(batch, seq_len, cfg.d_model),
-        backend=cfg.attn_backend, fuse=cfg.tape_fused,
+        backend=cfg.attn_backend, fuse=cfg.pe_options.get("tape_fused"),
     )

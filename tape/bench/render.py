@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import tape.pe
 from tape.bench import paper_numbers
 
-LABELS = {
-    "tape_fused": "TAPE fused", "tape_unfused": "TAPE unfused", "tape_concat": "TAPE concat",
-    "tape_padded": "TAPE padded", "tape_triton": "TAPE Triton kernel", "rope": "RoPE", "fire": "FIRE",
-    "t5": "T5 bias", "alibi": "ALiBi", "xpos": "xPos", "randpe": "RandPE", "nope": "NoPE", "prope": "p-RoPE",
-}
+TAPE_MODES = {"tape_fused": "TAPE fused", "tape_unfused": "TAPE unfused", "tape_concat": "TAPE concat",
+              "tape_padded": "TAPE padded", "tape_triton": "TAPE Triton kernel"}
 MIB = 2**20
 
 
 def _label(key: str) -> str:
-    return LABELS.get(key, key)
+    """A benchmark row's name: a TAPE attention layout or an encoding's display name."""
+    return TAPE_MODES.get(key) or tape.pe.display(key)
 
 
 def _f(x: float | None, fmt: str) -> str:

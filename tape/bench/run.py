@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import torch
 
+import tape.pe as pe_registry
 from tape.bench import paper_numbers
 from tape.bench.attention_op import build_attention_op
 from tape.bench.flops import META, count_flops, model_costs
@@ -20,7 +21,7 @@ from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, make_variants
 from tape.kernels import triton_available
 from tape.model import ModelConfig
 
-ALL_PES = ["tape", "rope", "prope", "fire", "t5", "alibi", "xpos", "randpe", "nope"]
+ALL_PES = ["tape", "rope"] + [name for name in pe_registry.names() if name not in ("tape", "rope")]
 
 
 @dataclass
@@ -118,7 +119,7 @@ def _counted(v: Variant, cfg: ModelConfig, one_qk: bool = False) -> ModelConfig:
     run there; its arithmetic is one [V | E] call's (one QKᵀ, A·V and A·E). ``one_qk``: count
     TAPE fused that way too (Table 3, a device-free count of the fused method)."""
     if v.backend == "triton" or (one_qk and v.label == "tape_fused"):
-        return cfg.replace(attn_backend="sdpa", tape_fused="concat")
+        return cfg.replace(attn_backend="sdpa", pe_options={**cfg.pe_options, "tape_fused": "concat"})
     return cfg
 
 

@@ -31,7 +31,7 @@ class Variant:
 
     def config(self, base: ModelConfig) -> ModelConfig:
         """``base`` with this variant's PE, fusion and (if set) backend switched in."""
-        cfg = base.replace(pe=self.pe, tape_fused=self.fused)
+        cfg = base.replace(pe=self.pe, pe_options={"tape_fused": self.fused} if self.pe == "tape" else {})
         return cfg if self.backend is None else cfg.replace(attn_backend=self.backend)
 
 

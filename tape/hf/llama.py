@@ -29,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from tape.model.cache import KVCache
+import tape.pe as pe_registry
 from tape.model.config import ConfigError, ModelConfig
 from tape.model.decoder import attention_forward, prepare_positions
 from tape.pe.base import PositionState
@@ -40,7 +41,7 @@ DEFAULT_TAPE_OPTIONS: dict[str, Any] = {
     "zero_init": "w1",
     "attn_update": True,
     "mlp_update": True,
-    "fused": None,  # None = auto, see ModelConfig.tape_fused
+    "fused": None,  # None = auto, see tape.pe.tape.TAPEOptions.tape_fused
     "attn_backend": "auto",
 }
 
@@ -57,18 +58,20 @@ def tape_config_for(hf_config: Any, options: dict[str, Any]) -> ModelConfig:
             f"head_dim={head_dim} x num_attention_heads={hf_config.num_attention_heads} != "
             f"hidden_size={hf_config.hidden_size}; add_tape supports Llama layouts where they match"
         )
-    return ModelConfig(
+    cfg = ModelConfig(
         vocab_size=hf_config.vocab_size, n_layers=hf_config.num_hidden_layers,
         d_model=hf_config.hidden_size, n_heads=hf_config.num_attention_heads,
         n_kv_heads=hf_config.num_key_value_heads, d_ff=hf_config.intermediate_size,
         max_seq_len=hf_config.max_position_embeddings, norm_eps=hf_config.rms_norm_eps,
-        rope_theta=float(hf_config.rope_parameters["rope_theta"]), pe="tape",
-        init_std=getattr(hf_config, "initializer_range", 0.02),
-        attn_backend=opts["attn_backend"], tape_position_size=opts["position_size"],
-        tape_post_attn=opts["post_attn"], tape_zero_init=opts["zero_init"],
-        tape_attn_update=opts["attn_update"], tape_mlp_update=opts["mlp_update"],
-        tape_fused=opts["fused"],
+        init_std=getattr(hf_config, "initializer_range", 0.02), attn_backend=opts["attn_backend"],
+        pe="tape", pe_options=dict(
+            rope_theta=float(hf_config.rope_parameters["rope_theta"]),
+            tape_position_size=opts["position_size"], tape_post_attn=opts["post_attn"],
+            tape_zero_init=opts["zero_init"], tape_attn_update=opts["attn_update"],
+            tape_mlp_update=opts["mlp_update"], tape_fused=opts["fused"]),
     )
+    pe_registry.check(cfg)
+    return cfg
 
 
 class TapeLlamaConfig(LlamaConfig):
@@ -94,7 +97,7 @@ def _attach_tape_layers(model: LlamaModel, cfg: ModelConfig) -> None:
     """Give every decoder layer its TAPE maps, initialised so that E stays the RoPE table."""
     ref = model.embed_tokens.weight
     for idx, layer in enumerate(model.layers):
-        pe = TAPELayer(cfg, updates_e=idx < cfg.n_layers - 1)
+        pe = TAPELayer(cfg, pe_registry.options(cfg), updates_e=idx < cfg.n_layers - 1)
         _init_tape_layer(pe, cfg.init_std)
         layer.pe = pe.to(device=ref.device, dtype=ref.dtype)
 
@@ -110,7 +113,7 @@ class TapeLlamaModel(LlamaModel):
         attn_out, extra_out = attention_forward(
             layer.self_attn, layer.input_layernorm(x), layer.pe, state, mask, cache, idx,
             heads=(cfg.n_heads, cfg.kv_heads, cfg.head_dim), backend=cfg.attn_backend,
-            fuse=cfg.tape_fused,
+            fuse=cfg.pe_options.get("tape_fused"),
         )
         x = x + attn_out
         state = layer.pe.after_attention(state, extra_out)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import tape.pe as pe_registry
 from tape.data.addition import IGNORE_INDEX
 from tape.model import DecoderLM, ModelConfig
 from tape.lightning.distributed import clip_gradients
@@ -40,7 +41,7 @@ class CausalLMModule(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()  # the checkpoint alone can rebuild the model
-        self.model = DecoderLM(ModelConfig.from_dict(dict(model)))
+        self.model = DecoderLM(ModelConfig.from_dict(pe_registry.legacy_options(dict(model))))
 
     def forward(self, input_ids: Tensor) -> Tensor:
         return self.model(input_ids).logits  # (B, N, V)

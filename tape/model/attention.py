@@ -17,7 +17,7 @@ flash-attn or under grouped-query attention (SDPA's fast kernels want V as wide 
 else one SDPA ``concat`` call (its memory-efficient and cuDNN kernels take a wider value).
 A TAPE call on CPU: one SDPA call, ``concat`` up to ``CPU_CONCAT_MAX_KEYS`` keys, else ``padded``.
 
-The SDPA value layouts (``fuse``, from ``ModelConfig.tape_fused``):
+The SDPA value layouts (``fuse``, TAPE's ``tape_fused`` option):
 - ``"two_calls"`` (False): one call per value tensor of equal width (QKᵀ and softmax twice);
 - ``"concat"``: one call with [V | E] (width 2d). On CPU a value wider than q/k drops SDPA to its
   math kernel, which still wins for short sequences and loses for long ones (fwd+bwd CPU time

@@ -60,7 +60,7 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.backend = cfg.attn_backend
-        self.fuse = cfg.tape_fused
+        self.fuse = cfg.pe_options.get("tape_fused")  # how A·V and A·E are computed (TAPE)
 
     def forward(
         self,

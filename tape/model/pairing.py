@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+import tape.pe as pe_registry
 from tape.model.config import ConfigError, ModelConfig
 from tape.model.decoder import DecoderLM
 
@@ -22,11 +23,12 @@ FALLBACK_PE = "nope"  # when the sizes cannot hold a rotary PE (odd head dim): n
 def reference_model(cfg: ModelConfig, seed: int) -> DecoderLM:
     """The RoPE (else NoPE) model of ``cfg``'s sizes drawn from ``seed``; the global torch RNG
     is left as it was."""
+    shared = pe_registry.get(REFERENCE_PE).Options.names()  # e.g. TAPE's rope_theta
     try:
-        ref_cfg = cfg.replace(pe=REFERENCE_PE)
-        ref_cfg.validate()
+        ref_cfg = cfg.replace(pe=REFERENCE_PE, pe_options={k: v for k, v in cfg.pe_options.items() if k in shared})
+        pe_registry.check(ref_cfg)
     except ConfigError:
-        ref_cfg = cfg.replace(pe=FALLBACK_PE)
+        ref_cfg = cfg.replace(pe=FALLBACK_PE, pe_options={})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return DecoderLM(ref_cfg)

@@ -1,19 +1,25 @@
-"""Registry of positional encodings: ``names()``, ``get(name)``, ``build(cfg)``.
+"""Registry of positional encodings: ``names()``, ``get(name)``, ``options(cfg)``, ``build(cfg)``.
 
-One file per encoding; each registers its ``PositionalEncoding`` subclass under its name.
+One file per encoding: every module in this package is imported on first use of the package
+and registers its ``PositionalEncoding`` subclass under its name, with its ``Options``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, TypeVar
+import difflib
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
-from tape.pe.base import LayerPE, PositionalEncoding, PositionState
+from tape.errors import ConfigError
+from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionLimit, PositionState
 
 if TYPE_CHECKING:
     from tape.model.config import ModelConfig
 
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
 T = TypeVar("T", bound=type[PositionalEncoding])
+_NOT_ENCODINGS = {"base"}
 
 
 def register(name: str) -> Callable[[T], T]:
@@ -41,12 +47,93 @@ def get(name: str) -> type[PositionalEncoding]:
         raise KeyError(f"unknown positional encoding {name!r}; choose one of {names()}") from None
 
 
+def display(name: str) -> str:
+    """The paper's spelling of an encoding's name (the name itself when it has none)."""
+    return (_REGISTRY[name].display or name) if name in _REGISTRY else name
+
+
+def option_names() -> set[str]:
+    """Every option any registered encoding declares."""
+    return {key for cls in _REGISTRY.values() for key in cls.Options.names()}
+
+
+def options(cfg: "ModelConfig") -> PEOptions:
+    """``cfg.pe_options`` parsed by the encoding's Options; ConfigError naming every problem."""
+    problems = _name_problems(cfg.pe)
+    if problems:
+        raise ConfigError("invalid ModelConfig:\n  - " + "\n  - ".join(problems))
+    cls = get(cfg.pe)
+    valid = cls.Options.names()
+    unknown = [key for key in cfg.pe_options if key not in valid]
+    if unknown:
+        raise ConfigError("invalid ModelConfig:\n  - " + "\n  - ".join(
+            _unknown_option(cfg.pe, key, valid) for key in unknown))
+    opts = cls.Options(**cfg.pe_options)
+    problems = opts.problems(cfg) + _shape_problems(cls, cfg)
+    if problems:
+        raise ConfigError("invalid ModelConfig:\n  - " + "\n  - ".join(problems))
+    return opts
+
+
+def check(cfg: "ModelConfig") -> None:
+    """Raise ConfigError when ``cfg.pe`` or its options cannot work (ModelConfig checks sizes)."""
+    options(cfg)
+
+
 def build(cfg: "ModelConfig") -> PositionalEncoding:
-    """The model-level PE module selected by ``cfg.pe``."""
-    return get(cfg.pe)(cfg)
+    """The model-level PE module selected by ``cfg.pe``, its options checked."""
+    opts = options(cfg)
+    return get(cfg.pe)(cfg, opts)
 
 
-# Importing the modules registers them.
-from tape.pe import alibi, fire, nope, prope, randpe, rope, t5, tape, xpos  # noqa: E402,F401
+def position_limit(cfg: "ModelConfig") -> PositionLimit | None:
+    """The trained position range of an absolute-position PE (None: any position works)."""
+    opts = options(cfg)
+    return get(cfg.pe).position_limit(cfg, opts)
 
-__all__ = ["LayerPE", "PositionState", "PositionalEncoding", "build", "get", "names", "register"]
+
+def legacy_options(values: dict[str, Any]) -> dict[str, Any]:
+    """A ModelConfig dict in the old flat layout (``tape_post_attn=...`` beside the sizes, as in
+    checkpoints before ``pe_options``) -> the current layout: the chosen encoding's options move
+    into ``pe_options``; the other encodings' option keys are dropped."""
+    if "pe_options" in values:
+        return dict(values)
+    flat = option_names()
+    chosen = set(get(values.get("pe", "rope")).Options.names()) if values.get("pe", "rope") in _REGISTRY else set()
+    kept = {k: v for k, v in values.items() if k not in flat}
+    kept["pe_options"] = {k: v for k, v in values.items() if k in chosen}
+    return kept
+
+
+def _name_problems(name: str) -> list[str]:
+    if name in _REGISTRY:
+        return []
+    return [f"pe={name!r} is not a registered positional encoding; choose one of {names()}"]
+
+
+def _unknown_option(pe: str, key: str, valid: Iterable[str]) -> str:
+    near = difflib.get_close_matches(key, list(valid), n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return (f"pe_options has {key!r}, which pe={pe!r} does not take{hint} "
+            f"(its options: {sorted(valid) or 'none'})")
+
+
+def _shape_problems(cls: type[PositionalEncoding], cfg: "ModelConfig") -> list[str]:
+    if cls.rotary and cfg.n_heads > 0 and cfg.d_model % cfg.n_heads == 0 and cfg.head_dim % 2:
+        return [f"head dim d_model/n_heads={cfg.head_dim} is odd but pe={cfg.pe!r} rotates "
+                "pairs of channels; choose d_model and n_heads so that the head dim is even"]
+    return []
+
+
+def _import_encodings() -> None:
+    """Import every module of this package (each registers itself)."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name not in _NOT_ENCODINGS and not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
+_import_encodings()
+
+__all__ = ["LayerPE", "PEOptions", "PositionLimit", "PositionState", "PositionalEncoding", "build",
+           "check", "display", "get", "legacy_options", "names", "option_names", "options",
+           "position_limit", "register"]

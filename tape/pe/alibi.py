@@ -52,5 +52,7 @@ class ALiBiLayer(LayerPE):
 class ALiBi(PositionalEncoding):
     """No learned parameters; the slopes are fixed by the number of heads."""
 
+    display = "ALiBi"
+
     def make_layer(self, layer_idx: int) -> LayerPE:
         return ALiBiLayer(self.cfg.n_heads)

@@ -12,8 +12,8 @@ PE-specific branches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -72,18 +72,68 @@ class LayerPE(nn.Module):
         """Initialise this PE's own parameters (after the model's N(0, std) pass)."""
 
 
+@dataclass
+class PEOptions:
+    """An encoding's options: a dataclass whose fields are the keys of ``conf/pe/<name>.yaml``
+    (besides ``name``) and of ``ModelConfig.pe_options``. This base has none (NoPE, ALiBi)."""
+
+    def problems(self, cfg: "ModelConfig") -> list[str]:
+        """What is wrong with these values for ``cfg``, each naming the option and the fix."""
+        return []
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass
+class RotaryOptions(PEOptions):
+    """Options every RoPE-derived encoding shares."""
+
+    rope_theta: float = 10000.0
+    rope_scaling: float = 1.0
+    """Linear position interpolation: positions are divided by this factor (1 = none)."""
+
+    def problems(self, cfg: "ModelConfig") -> list[str]:
+        if self.rope_scaling <= 0:
+            return [f"rope_scaling={self.rope_scaling} must be > 0 (1 = no interpolation)"]
+        return []
+
+
+class PositionLimit(NamedTuple):
+    """The positions an absolute-position PE trained on, [0, limit), and the option that sets it."""
+
+    limit: int
+    option: str
+    default: str  # how the default limit is derived, for messages
+
+
 class PositionalEncoding(nn.Module):
-    """Model-level part of a PE: position ids -> PositionState, and a factory for layer parts."""
+    """Model-level part of a PE: position ids -> PositionState, and a factory for layer parts.
+
+    A subclass declares its ``Options`` dataclass, its ``display`` name and its properties; the
+    registry, the tests, the benchmark and the report read them from here.
+    """
 
     name: ClassVar[str] = ""
+    display: ClassVar[str] = ""
+    """The paper's spelling of the name, for tables ("" = the name)."""
+    Options: ClassVar[type[PEOptions]] = PEOptions
     rotary: ClassVar[bool] = False
     """True when the PE rotates channel pairs (needs an even head dim)."""
     relative: ClassVar[bool] = True
     """True when logits depend only on position differences (shift-invariant)."""
 
-    def __init__(self, cfg: "ModelConfig") -> None:
+    def __init__(self, cfg: "ModelConfig", opts: PEOptions | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.opts: Any = opts if opts is not None else self.Options(**cfg.pe_options)
+
+    @classmethod
+    def position_limit(cls, cfg: "ModelConfig", opts: Any) -> PositionLimit | None:
+        """For a PE that only knows the absolute positions it trained on, their range; None when
+        any position works (every relative PE)."""
+        return None
 
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
         """query_pos: (B, N) int64, key_pos: (B, T) int64 -> the layer-0 PositionState."""

@@ -8,12 +8,21 @@ baseline (its parameter count matches Table 3 that way).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tape.pe import register
-from tape.pe.base import LayerPE, PositionalEncoding, PositionState
+from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionState
+
+
+@dataclass
+class FIREOptions(PEOptions):
+    fire_mlp_width: int = 32
+    fire_init_c: float = 0.1
+    fire_init_L: float = 512.0
 
 
 class FIRELayer(LayerPE):
@@ -50,8 +59,10 @@ class FIRELayer(LayerPE):
 class FIRE(PositionalEncoding):
     """Options: ``fire_mlp_width``, ``fire_init_c``, ``fire_init_L``."""
 
+    display = "FIRE"
+    Options = FIREOptions
     relative = False  # the max(i, L) normaliser depends on the absolute query position
 
     def make_layer(self, layer_idx: int) -> LayerPE:
-        cfg = self.cfg
-        return FIRELayer(cfg.n_heads, cfg.fire_mlp_width, cfg.fire_init_c, cfg.fire_init_L)
+        opts = self.opts
+        return FIRELayer(self.cfg.n_heads, opts.fire_mlp_width, opts.fire_init_c, opts.fire_init_L)

@@ -9,3 +9,5 @@ from tape.pe.base import PositionalEncoding
 @register("nope")
 class NoPE(PositionalEncoding):
     """No parameters, no options."""
+
+    display = "NoPE"

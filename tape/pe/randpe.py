@@ -8,11 +8,17 @@ official code, which resampled at inference too (tape-spec D.4, F.2.11).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from tape.pe import register
-from tape.pe.base import LayerPE, PositionalEncoding, PositionState
+from tape.pe.base import LayerPE, PositionalEncoding, PositionLimit, PositionState, RotaryOptions
+
+if TYPE_CHECKING:
+    from tape.model.config import ModelConfig
 from tape.pe.rope import RotaryLayer, rope_table
 
 
@@ -23,20 +29,43 @@ def sorted_random_positions(batch: int, length: int, max_position: int, device: 
     return keys.topk(length, dim=-1).indices.sort(dim=-1).values
 
 
+@dataclass
+class RandPEOptions(RotaryOptions):
+    randpe_max_position: int | None = None
+    """Training positions are a sorted random subset of [0, this); None means 2 * max_seq_len."""
+
+    def problems(self, cfg: ModelConfig) -> list[str]:
+        problems = super().problems(cfg)
+        if self.randpe_max_position is not None and self.randpe_max_position < cfg.max_seq_len:
+            problems.append(
+                f"randpe_max_position={self.randpe_max_position} is below "
+                f"max_seq_len={cfg.max_seq_len}; RandPE samples positions from a larger range"
+            )
+        return problems
+
+    def max_position(self, cfg: ModelConfig) -> int:
+        return self.randpe_max_position or 2 * cfg.max_seq_len
+
+
 @register("randpe")
 class RandPE(PositionalEncoding):
     """Options: ``randpe_max_position`` (range R of training positions), ``rope_theta``."""
 
+    display = "RandPE"
+    Options = RandPEOptions
     rotary = True
     relative = False  # training positions are random, so logits are not a function of offsets
 
+    @classmethod
+    def position_limit(cls, cfg: ModelConfig, opts: RandPEOptions) -> PositionLimit:
+        return PositionLimit(opts.max_position(cfg), "randpe_max_position", "2 * model.max_seq_len")
+
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
-        cfg = self.cfg
+        cfg, opts = self.cfg, self.opts
         if self.training and query_pos.shape == key_pos.shape:
-            max_pos = cfg.randpe_max_position or 2 * cfg.max_seq_len
             b, n = query_pos.shape
-            query_pos = key_pos = sorted_random_positions(b, n, max_pos, query_pos.device)
-        rot = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype)
+            query_pos = key_pos = sorted_random_positions(b, n, opts.max_position(cfg), query_pos.device)
+        rot = rope_table(query_pos, cfg.head_dim, opts.rope_theta, opts.rope_scaling, dtype)
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
 
     def make_layer(self, layer_idx: int) -> LayerPE:

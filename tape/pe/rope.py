@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from tape.pe import register
-from tape.pe.base import LayerPE, PositionalEncoding, PositionState, angle_dtype, inverse_frequencies
+from tape.pe.base import (LayerPE, PositionalEncoding, PositionState, RotaryOptions, angle_dtype,
+                          inverse_frequencies)
 
 
 def rope_table(
@@ -52,6 +53,8 @@ class RoPE(PositionalEncoding):
     """Rotary position embedding. Options: ``rope_theta`` (base), ``rope_scaling`` (linear
     position interpolation factor)."""
 
+    display = "RoPE"
+    Options = RotaryOptions
     rotary = True
 
     def rotating_fraction(self) -> float:
@@ -59,8 +62,8 @@ class RoPE(PositionalEncoding):
         return 1.0
 
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
-        cfg = self.cfg
-        rot = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype,
+        opts = self.opts
+        rot = rope_table(query_pos, self.cfg.head_dim, opts.rope_theta, opts.rope_scaling, dtype,
                          self.rotating_fraction())
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
 

@@ -8,12 +8,19 @@ One learned (buckets x H) table per layer.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from tape.pe import register
-from tape.pe.base import LayerPE, PositionalEncoding, PositionState
+from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionState
+
+
+@dataclass
+class T5Options(PEOptions):
+    t5_num_buckets: int = 64
+    t5_max_distance: int = 128
 
 
 def causal_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -43,6 +50,8 @@ class T5Layer(LayerPE):
 class T5Bias(PositionalEncoding):
     """Options: ``t5_num_buckets`` (64), ``t5_max_distance`` (128)."""
 
+    display = "T5 bias"
+    Options = T5Options
+
     def make_layer(self, layer_idx: int) -> LayerPE:
-        cfg = self.cfg
-        return T5Layer(cfg.n_heads, cfg.t5_num_buckets, cfg.t5_max_distance)
+        return T5Layer(self.cfg.n_heads, self.opts.t5_num_buckets, self.opts.t5_max_distance)

@@ -23,15 +23,63 @@ in the activation dtype (A·E) or are computed in float32 (the token mix) and ar
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tape.model.config import ModelConfig
 from tape.pe import register
-from tape.pe.base import LayerPE, PositionalEncoding, PositionState
+from tape.pe.base import LayerPE, PositionalEncoding, PositionState, RotaryOptions
 from tape.pe.rope import rope_table, rotate
+
+if TYPE_CHECKING:
+    from tape.model.config import ModelConfig
+
+FUSE_CHOICES = (True, False, None, "two_calls", "concat", "padded")
+
+
+@dataclass
+class TAPEOptions(RotaryOptions):
+    """TAPE's options; rope_theta and rope_scaling set E at layer 0."""
+
+    tape_position_size: int | None = None
+    """Width I of the PE-MLP over heads (W1: H -> I, W2: I -> H); None means 4 * n_heads."""
+    tape_post_attn: Literal["mix", "rowsum"] = "mix"
+    """Map over heads after A·E. mix: a true head-mixing matrix (the paper's description).
+    rowsum: per-head scalar = row sum of an H x H matrix (what the official code computes)."""
+    tape_zero_init: Literal["w1", "w2"] = "w1"
+    """Which PE-MLP matrix starts at zero (w1: the official code, w2: the paper's PEFT text).
+    Either way TAPE at initialisation equals RoPE."""
+    tape_attn_update: bool = True
+    """Update E with the attention weights (A·E). Off = the 'FF only' ablation."""
+    tape_mlp_update: bool = True
+    """Update E with the token-gated PE-MLP. Off = the 'attention only' ablation."""
+    tape_fused: bool | Literal["two_calls", "concat", "padded"] | None = None
+    """How A·V and A·E are computed. True: one QKᵀ (the Triton kernel on CUDA; one SDPA call with
+    [V | E] as values otherwise). False or two_calls: two calls of equal width. concat / padded:
+    one SDPA call with [V | E], q and k as they are / zero-padded to its width. None (auto): the
+    fastest exact path per device and length (tape/model/attention.py). All are exact."""
+
+    def width(self, cfg: ModelConfig) -> int:
+        """The PE-MLP width I."""
+        return self.tape_position_size or 4 * cfg.n_heads
+
+    def problems(self, cfg: ModelConfig) -> list[str]:
+        problems = super().problems(cfg)
+        if self.tape_post_attn not in ("mix", "rowsum"):
+            problems.append(f"tape_post_attn={self.tape_post_attn!r}; choose 'mix' or 'rowsum'")
+        if self.tape_zero_init not in ("w1", "w2"):
+            problems.append(f"tape_zero_init={self.tape_zero_init!r}; choose 'w1' or 'w2'")
+        if self.tape_fused not in FUSE_CHOICES:
+            problems.append(
+                f"tape_fused={self.tape_fused!r}; choose true, false, null (auto), 'two_calls', "
+                "'concat' or 'padded'"
+            )
+        if self.tape_position_size is not None and self.tape_position_size <= 0:
+            problems.append(f"tape_position_size={self.tape_position_size} must be positive")
+        return problems
 
 
 class _TokenMix(torch.autograd.Function):
@@ -86,23 +134,23 @@ class TAPELayer(LayerPE):
     A·E. The official code keeps them, which is why its count is 38,160 higher at 155M.
     """
 
-    def __init__(self, cfg: ModelConfig, updates_e: bool = True) -> None:
+    def __init__(self, cfg: ModelConfig, opts: TAPEOptions, updates_e: bool = True) -> None:
         super().__init__()
-        heads, e_heads = cfg.n_heads, cfg.kv_heads
+        heads, e_heads, width = cfg.n_heads, cfg.kv_heads, opts.width(cfg)
         self.groups = heads // e_heads
-        self.post_mode = cfg.tape_post_attn
-        self.zero_init = cfg.tape_zero_init
+        self.post_mode = opts.tape_post_attn
+        self.zero_init = opts.tape_zero_init
         self.post_attn: nn.Linear | None = None
-        if cfg.tape_attn_update and updates_e:
+        if opts.tape_attn_update and updates_e:
             # mix: (He x H) maps the H query-head aggregates onto the He E heads.
             # rowsum: (H x H) of which only the row sums act (the official einsum).
             out_features = e_heads if self.post_mode == "mix" else heads
             self.post_attn = nn.Linear(heads, out_features, bias=False)
         self.x_proj: nn.Linear | None = None
-        if cfg.tape_mlp_update and updates_e:
-            self.x_proj = nn.Linear(cfg.d_model, cfg.tape_width, bias=False)
-            self.w1 = nn.Linear(e_heads, cfg.tape_width, bias=False)
-            self.w2 = nn.Linear(cfg.tape_width, e_heads, bias=False)
+        if opts.tape_mlp_update and updates_e:
+            self.x_proj = nn.Linear(cfg.d_model, width, bias=False)
+            self.w1 = nn.Linear(e_heads, width, bias=False)
+            self.w2 = nn.Linear(width, e_heads, bias=False)
 
     # ---------------------------------------------------------------- hooks
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
@@ -143,18 +191,20 @@ class TAPELayer(LayerPE):
 
 @register("tape")
 class TAPE(PositionalEncoding):
-    """Options (ModelConfig): tape_position_size, tape_post_attn, tape_zero_init,
+    """Options (``TAPEOptions``): tape_position_size, tape_post_attn, tape_zero_init,
     tape_attn_update, tape_mlp_update, tape_fused; rope_theta and rope_scaling for E at layer 0."""
 
+    display = "TAPE"
+    Options = TAPEOptions
     rotary = True
 
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
-        cfg = self.cfg
+        cfg, opts = self.cfg, self.opts
         e_dtype = torch.promote_types(dtype, torch.float32)  # E is float32 (or float64) at every layer
-        table = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, e_dtype)
+        table = rope_table(query_pos, cfg.head_dim, opts.rope_theta, opts.rope_scaling, e_dtype)
         b, _, n, d = table.shape
         rot = table.expand(b, cfg.kv_heads, n, d)  # (B, He, N, d): one E per key/value head
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
 
     def make_layer(self, layer_idx: int) -> LayerPE:
-        return TAPELayer(self.cfg, updates_e=layer_idx < self.cfg.n_layers - 1)
+        return TAPELayer(self.cfg, self.opts, updates_e=layer_idx < self.cfg.n_layers - 1)

@@ -9,11 +9,13 @@ keeps the KV cache valid.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from tape.pe import register
-from tape.pe.base import LayerPE, PositionalEncoding, PositionState, angle_dtype
+from tape.pe.base import LayerPE, PositionalEncoding, PositionState, RotaryOptions, angle_dtype
 from tape.pe.rope import rope_table, rotate
 
 
@@ -26,6 +28,11 @@ def xpos_scale(positions: Tensor, head_dim: int, scale_base: float, centre: int,
     return (zeta ** power[..., None])[:, None].to(dtype)
 
 
+@dataclass
+class XPosOptions(RotaryOptions):
+    xpos_scale_base: float = 2048.0
+
+
 class XPosLayer(LayerPE):
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
         s = torch.cat([state.q_scale, state.q_scale], dim=-1)  # both channels of a pair
@@ -36,12 +43,14 @@ class XPosLayer(LayerPE):
 class XPos(PositionalEncoding):
     """Options: ``xpos_scale_base`` (2048 in the paper's baseline), ``rope_theta``."""
 
+    display = "xPos"
+    Options = XPosOptions
     rotary = True
 
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
-        cfg = self.cfg
-        rot = rope_table(query_pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, dtype)
-        scale = xpos_scale(query_pos, cfg.head_dim, cfg.xpos_scale_base, cfg.max_seq_len // 2, dtype)
+        cfg, opts = self.cfg, self.opts
+        rot = rope_table(query_pos, cfg.head_dim, opts.rope_theta, opts.rope_scaling, dtype)
+        scale = xpos_scale(query_pos, cfg.head_dim, opts.xpos_scale_base, cfg.max_seq_len // 2, dtype)
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot, q_scale=scale)
 
     def make_layer(self, layer_idx: int) -> LayerPE:

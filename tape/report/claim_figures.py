@@ -135,11 +135,12 @@ def train_flops_per_step(run: Run) -> int | None:
     """Training FLOPs of one optimizer step of ``run`` (forward, loss, backward; matrix products,
     tape/bench/flops.py) from its config, or None when the config cannot say."""
     from tape.bench.flops import model_costs
+    import tape.pe as pe_registry
     from tape.model import ModelConfig
 
     cfg = run.config()
     try:
-        mc = ModelConfig.from_groups(dict(cfg["model"]), dict(cfg["pe"]))
+        mc = ModelConfig.from_groups(dict(cfg["model"]), dict(cfg["pe"]), pe_registry.option_names())
         return model_costs(mc, int(cfg["task"]["batch_size"]), int(cfg["task"]["seq_len"]), backward=True)["flops"]
     except (KeyError, TypeError, ValueError):
         return None

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+import tape.pe as pe_registry
+
 
 @dataclass(frozen=True)
 class PaperColumn:
@@ -81,11 +83,9 @@ PASSKEY_FIG3: dict[str, tuple[float, ...]] = {
     "tape": (1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 0.95, 1.00),
 }
 
-# Display names of PEs and context-extension methods.
+# Display names of the context-extension methods (an encoding's own is its class's ``display``).
 DISPLAY: dict[str, str] = {
-    "rope": "RoPE", "alibi": "ALiBi", "randpe": "RandPE", "fire": "FIRE", "xpos": "xPos", "prope": "p-RoPE",
-    "nope": "NoPE", "tape": "TAPE", "t5": "T5 bias", "base": "base (not extended)",
-    "lora": "LoRA", "longlora": "LongLoRA", "theta": "Theta Scaling",
+    "base": "base (not extended)", "lora": "LoRA", "longlora": "LongLoRA", "theta": "Theta Scaling",
 }
 ADDITION_PES = ("rope", "randpe", "nope", "fire", "tape")
 PRETRAIN_PES = ("rope", "alibi", "randpe", "fire", "xpos", "nope", "tape")
@@ -97,4 +97,4 @@ def display(name: str) -> str:
     """The paper's spelling of a PE or method name (unknown names unchanged); a row set apart,
     ``"tape [trainer.max_steps=600]"``, keeps its bracket."""
     base, bracket, rest = name.partition(" [")
-    return DISPLAY.get(base, base) + bracket + rest
+    return (DISPLAY.get(base) or pe_registry.display(base)) + bracket + rest
