@@ -22,7 +22,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from pipelines.utils import PipelineConfigError, load_checkpoint
+from pipelines.checkpoints import load_checkpoint
+from pipelines.errors import PipelineConfigError
 from tape.model import ModelConfig
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
