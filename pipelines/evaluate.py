@@ -25,13 +25,16 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pipelines.entry import task_wrapper
+from pipelines.errors import PipelineConfigError
+from pipelines.hydra_conf import CONF_DIR, instantiate_group
+from pipelines.models import check_position_range
 from pipelines.precision import eval_autocast
+from pipelines.preflight import unknown_choice
+from pipelines.result_files import write_json_once
+from pipelines.run_dirs import claim_run_dir
 from pipelines.run_source import RunSource, open_run
 from pipelines.tasks import get_task
-from pipelines.utils import (
-    CONF_DIR, PipelineConfigError, check_position_range, claim_run_dir, instantiate_group,
-    task_wrapper, unknown_choice, write_json_once,
-)
 
 # The keys of conf/evaluate.yaml's own ``task:`` block: changes to the run's own task settings.
 RERUN_KEYS = ("eval_max_digits", "examples_per_cell", "eval_seed", "eval_batch_size")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import ContextManager
 
-from pipelines.utils import PipelineConfigError
+from pipelines.errors import PipelineConfigError
 
 AUTOCAST = ("bf16-mixed", "16-mixed")
 FULL = ("32", "32-true", "64", "64-true")

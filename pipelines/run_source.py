@@ -22,8 +22,9 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from pipelines.utils import PipelineConfigError, load_checkpoint
 import tape.pe as pe_registry
+from pipelines.checkpoints import load_checkpoint
+from pipelines.errors import PipelineConfigError
 from tape.model import ModelConfig
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")

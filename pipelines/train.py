@@ -18,13 +18,17 @@ import hydra
 from omegaconf import DictConfig
 
 from pipelines import wandb_log
+from pipelines.config_checks import check_accelerator, check_trainer
+from pipelines.entry import run_entry, task_wrapper
+from pipelines.hydra_conf import instantiate_group
+from pipelines.logs import job_log_name, quiet_known_noise, start_log_file
+from pipelines.models import model_config
 from pipelines.precision import eval_autocast
+from pipelines.preflight import check_run_dir_new
+from pipelines.result_files import write_json_once
+from pipelines.resume import resolve_ckpt_path
+from pipelines.run_dirs import claim_run_dir, is_rank_zero
 from pipelines.tasks import get_task
-from pipelines.utils import (
-    check_accelerator, check_run_dir_new, check_trainer, claim_run_dir,
-    instantiate_group, is_rank_zero, job_log_name, model_config, quiet_known_noise,
-    resolve_ckpt_path, run_entry, start_log_file, task_wrapper, write_json_once,
-)
 
 if TYPE_CHECKING:  # torch and Lightning are imported after the config checks (a typo reports fast)
     from lightning.pytorch.callbacks import Callback

@@ -14,12 +14,14 @@ import csv
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.utils import PipelineConfigError, drop_wandb_anonymous, instantiate_group
+from pipelines.errors import PipelineConfigError
+from pipelines.hydra_conf import instantiate_group
 
 Row = dict[str, Any]
 
@@ -125,6 +127,15 @@ def check_online_login(cfg: DictConfig) -> None:
     )
 
 
+def drop_wandb_anonymous(loggers: list[Any]) -> None:
+    """Lightning's WandbLogger always passes ``anonymous=None`` to wandb.init, which makes W&B
+    warn that the setting has no effect; leave the argument out instead."""
+    for lg in loggers:
+        init = getattr(lg, "_wandb_init", None)
+        if isinstance(init, dict) and init.get("anonymous") is None:
+            init.pop("anonymous", None)
+
+
 def open_loggers(cfg: DictConfig, ckpt: Path | None = None) -> list[Any]:
     """The ``logger`` group, instantiated. A resumed run (``ckpt``) continues the W&B run of the
     run it resumes (same id, ``resume="allow"``); the W&B run gets the full resolved config."""
@@ -138,6 +149,15 @@ def open_loggers(cfg: DictConfig, ckpt: Path | None = None) -> list[Any]:
     drop_wandb_anonymous(loggers)  # before the first wandb.init, which log_config triggers
     log_config(loggers, cfg)
     return loggers
+
+
+def close_loggers(failed: bool = False) -> None:
+    """Finish an open W&B run so the next job of a sweep starts clean (no-op without W&B)."""
+    if "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(exit_code=1 if failed else 0)
 
 
 def log_config(loggers: Sequence[Any], cfg: DictConfig) -> None:

@@ -13,8 +13,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipelines.errors import PipelineConfigError
 from pipelines.train import train
-from pipelines.utils import PipelineConfigError
 from tape.data.addition import DIGIT_IDS, EOS, VOCAB_SIZE, AdditionExample, DigitsThenEos, encode
 from tape.model import ConfigError, DecoderLM, ModelConfig
 from tape.model.abacus import AbacusEmbedding, digit_indices

@@ -21,7 +21,8 @@ from pipelines.tasks.context_extension import run as extend, validate  # noqa: E
 from pipelines.tasks.context_extension.data import (  # noqa: E402
     ExtensionData, PackedRows, check_inputs, load_data, mixed_batches,
 )
-from pipelines.utils import PipelineConfigError, close_loggers  # noqa: E402
+from pipelines.errors import PipelineConfigError  # noqa: E402
+from pipelines.wandb_log import close_loggers  # noqa: E402
 from tape.data.corpus import Document  # noqa: E402
 from tape.data.passkey import FILLER, QUESTION, TASK, garbage_for_tokens, passkey_example, passkey_prompt  # noqa: E402
 from tape.data.text import prepare_text_data  # noqa: E402

@@ -18,9 +18,9 @@ from omegaconf import OmegaConf, open_dict
 
 from conftest import INVENTED_VOCAB, compose_config
 from pipelines import evaluate as evaluate_mod
+from pipelines.errors import PipelineConfigError
 from pipelines.evaluate import evaluate, resolve_device, run_dir_problem
 from pipelines.train import train
-from pipelines.utils import PipelineConfigError
 from tape.data.text import TextData
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def test_reevaluation_prints_and_logs_its_metrics(randpe_addition: Path, capsys)
 
 def test_reevaluation_logs_to_wandb_named_after_the_run(randpe_addition: Path) -> None:
     """logger=wandb resolves the run's names (experiment, PE, seed) from the evaluated run."""
-    from pipelines.utils import close_loggers
+    from pipelines.wandb_log import close_loggers
     from wandb_records import offline_runs
 
     metrics = run_eval(randpe_addition, "task.examples_per_cell=1", "logger=wandb", name="wb")

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from omegaconf import open_dict
 
 from conftest import compose_config
+from pipelines.errors import PipelineConfigError
 from pipelines.evaluate import evaluate
 from pipelines.tasks import flipflop as task
 from pipelines.train import train
-from pipelines.utils import PipelineConfigError
 from tape.data.addition import IGNORE_INDEX
 from tape.data.flipflop import (
     IGNORE, ONE, READ, WRITE, ZERO, FlipFlopStream, decode, eval_set, generate, labels_for, read_mask,

@@ -14,11 +14,13 @@ from omegaconf import OmegaConf, open_dict
 
 import tape.pe
 from conftest import CONF_DIR, compose_config
+from pipelines.config_checks import check_trainer
+from pipelines.errors import PipelineConfigError
+from pipelines.hydra_conf import instantiate_group
+from pipelines.models import model_config
+from pipelines.preflight import unknown_choice
 from pipelines.tasks import addition, get_task
 from pipelines.train import build_module
-from pipelines.utils import (
-    PipelineConfigError, check_trainer, instantiate_group, model_config, unknown_choice,
-)
 from tape.model import DecoderLM, ModelConfig
 
 TRAIN_FAMILIES = ("addition", "pretrain", "scrolls")  # experiments run by pipelines.train

@@ -27,7 +27,7 @@ def run_dirs(root: Path) -> list[Path]:
 
 def test_entry_module_imports_no_heavy_library() -> None:
     """A typo is reported before torch, Lightning or transformers load (seconds, not 15-24 s)."""
-    code = ("import sys, pipelines.train, pipelines.utils; "
+    code = ("import sys, pipelines.train, pipelines.entry, pipelines.preflight; "
             "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)

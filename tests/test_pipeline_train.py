@@ -15,9 +15,10 @@ from omegaconf import OmegaConf, open_dict
 
 import tape.pe
 from conftest import compose_config
+from pipelines.errors import PipelineConfigError
 from pipelines.evaluate import evaluate
+from pipelines.run_dirs import claim_run_dir
 from pipelines.train import train
-from pipelines.utils import PipelineConfigError, claim_run_dir
 from tape.report.runs import read_command
 
 SUMMARY = ("mean_accuracy", "in_distribution_accuracy", "ood_accuracy")
@@ -202,7 +203,7 @@ def test_gpu_trainer_without_a_gpu_fails_before_the_run_dir_is_claimed(make_cfg)
 
 def test_gpu_checks_by_their_decisions_with_a_faked_device_count(monkeypatch) -> None:
     """The accelerator check on a (faked) 2-GPU machine: indices past the count are refused."""
-    from pipelines.utils import check_accelerator
+    from pipelines.config_checks import check_accelerator
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -239,7 +240,7 @@ def test_progress_bar_counts_steps_across_a_resume(make_cfg, capsys) -> None:
 
 def test_the_summary_shows_each_tasks_headline_metrics() -> None:
     """Issue 14.10: the last line showed only keys containing "accuracy"."""
-    from pipelines.utils import headline
+    from pipelines.summaries import headline
 
     pretrain = {"task": "pretrain", "ppl_1x": 91.8, "ppl_4x": 97.3, "val_loss": 4.5, "train_time_s": 60.0}
     scrolls = {"task": "scrolls", "scrolls_score": 12.5, "f1": 12.5, "steps": 100}
@@ -256,7 +257,8 @@ def test_a_run_still_training_is_never_resumed_and_a_crashed_one_is(make_cfg) ->
     import sys
     import time
 
-    from pipelines.utils import RUN_LOCK, check_not_live, resolve_ckpt_path
+    from pipelines.resume import check_not_live, resolve_ckpt_path
+    from pipelines.run_dirs import RUN_LOCK
 
     cfg = make_cfg("pe=rope", "evaluate=false", name="first")
     train(cfg)

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import INVENTED_VOCAB, compose_config
+from pipelines.errors import PipelineConfigError
+from pipelines.models import model_config
 from pipelines.tasks import pretrain
 from pipelines.train import train
-from pipelines.utils import PipelineConfigError, model_config
 from test_pipeline_train import Kill
 from tape.data.streaming import PackedTextStream, open_text_stream, pack_blocks
 

@@ -11,9 +11,9 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from conftest import INVENTED_VOCAB, compose_config
+from pipelines.errors import PipelineConfigError
 from pipelines.tasks import scrolls as scrolls_task
 from pipelines.train import train
-from pipelines.utils import PipelineConfigError
 from tape.model.generate import TopKTopPSampler
 from wandb_records import offline_runs
 

@@ -73,7 +73,7 @@ def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: P
     from lightning.pytorch.loggers import WandbLogger
 
     from pipelines.tasks.context_extension.report import PASSKEY_FIELDS, plot_passkey
-    from pipelines.utils import write_csv
+    from pipelines.result_files import write_csv
     from pipelines.tasks.scrolls import write_scored_predictions
 
     run_dir = tmp_path / "run"

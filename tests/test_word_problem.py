@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from omegaconf import open_dict
 
 from conftest import compose_config
+from pipelines.errors import PipelineConfigError
 from pipelines.evaluate import evaluate
 from pipelines.tasks import word_problem as task
 from pipelines.train import train
-from pipelines.utils import PipelineConfigError
 from tape.data.addition import IGNORE_INDEX
 from tape.data.word_problem import (
     GROUPS, WordProblemStream, eval_set, generate, get_group, is_even, model_inputs, multiply,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from pipelines.utils import PipelineConfigError
+from pipelines.errors import PipelineConfigError
 
 TASKS = {
     "addition": "pipelines.tasks.addition",

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config, require_int
+from pipelines.config_checks import require_int
+from pipelines.errors import PipelineConfigError
+from pipelines.models import check_position_range, model_config
 
 if TYPE_CHECKING:  # torch-based; imported where used, after the cheap config checks
     from tape.lightning import AdditionDataModule

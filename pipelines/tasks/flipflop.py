@@ -12,7 +12,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config, write_csv
+from pipelines.errors import PipelineConfigError
+from pipelines.models import check_position_range, model_config
+from pipelines.result_files import write_csv
 from tape.data.flipflop import LOSS_ON, VOCAB_SIZE, eval_set, read_mask
 from tape.lightning.flipflop import FlipFlopDataModule
 

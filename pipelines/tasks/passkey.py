@@ -20,7 +20,8 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 from torch import nn
 
-from pipelines.utils import PipelineConfigError, check_model_positions, evaluation_only
+from pipelines.errors import PipelineConfigError, evaluation_only
+from pipelines.models import check_model_positions
 from tape.data.passkey import MAX_KEY, garbage_for_tokens, passkey_accuracy, passkey_prompt
 from tape.data.tokenizer import TextTokenizer, load_tokenizer
 

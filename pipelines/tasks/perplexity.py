@@ -20,7 +20,8 @@ import numpy as np
 from omegaconf import DictConfig, open_dict
 from torch import nn
 
-from pipelines.utils import PipelineConfigError, check_model_positions, evaluation_only
+from pipelines.errors import PipelineConfigError, evaluation_only
+from pipelines.models import check_model_positions
 from tape.metrics.perplexity import load_token_file, sliding_window_perplexity
 
 FIELDS = ["corpus", "length", "perplexity", "nll", "windows", "scored_tokens"]

@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 from omegaconf import DictConfig
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config, require_int, write_csv
+from pipelines.config_checks import require_int
+from pipelines.errors import PipelineConfigError
+from pipelines.models import check_position_range, model_config
+from pipelines.result_files import write_csv
 
 if TYPE_CHECKING:  # torch-based; imported where used, after the config checks
     from tape.data.text import TextData, TokenBlockStream

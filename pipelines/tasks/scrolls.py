@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from pipelines.utils import PipelineConfigError, model_config
+from pipelines.errors import PipelineConfigError
+from pipelines.models import model_config
 from tape.data.scrolls import (
     SUMMARY_SUFFIX, TASKS, Lengths, ScrollsDataError, get_task, group_references, load_scrolls,
     prompt_ids, training_row,

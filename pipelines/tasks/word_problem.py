@@ -16,7 +16,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
 
-from pipelines.utils import PipelineConfigError, check_position_range, model_config, write_csv
+from pipelines.errors import PipelineConfigError
+from pipelines.models import check_position_range, model_config
+from pipelines.result_files import write_csv
 from tape.data.word_problem import GROUPS, Group, eval_set, get_group, model_inputs
 from tape.lightning.word_problem import WordProblemDataModule
 

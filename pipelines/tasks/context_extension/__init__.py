@@ -33,7 +33,9 @@ from pipelines.tasks.context_extension.stages import (
     DTYPES, base_stage, evaluate_stage, passkey_check, recipe_spec, recipe_stage,
 )
 from pipelines import wandb_log
-from pipelines.utils import PipelineConfigError, claim_run_dir, is_rank_zero, write_csv, write_json_once
+from pipelines.errors import PipelineConfigError
+from pipelines.result_files import write_csv, write_json_once
+from pipelines.run_dirs import claim_run_dir, is_rank_zero
 from tape.hf.io import load_model
 from tape.hf.recipes import RECIPES
 

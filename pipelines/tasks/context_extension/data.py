@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from pipelines.utils import PipelineConfigError
+from pipelines.errors import PipelineConfigError
 from tape.data.passkey import passkey_example
 from tape.data.streaming import pack_blocks
 

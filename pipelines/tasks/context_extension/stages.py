@@ -37,8 +37,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from pipelines.callbacks import OneLineModelSummary
+from pipelines.errors import PipelineConfigError
+from pipelines.hydra_conf import CONF_DIR
+from pipelines.run_dirs import is_rank_zero
 from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
-from pipelines.utils import PipelineConfigError, is_rank_zero
 from tape.data.passkey import garbage_for_tokens
 from tape.hf.io import DTYPES, build_llama, enable_checkpointing, is_saved_model, load_model, save_model
 from tape.lightning import HFCausalLMModule, IndexedBatchDataModule
@@ -314,6 +316,4 @@ def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module,
 
 def task_config(name: str, **values: Any) -> DictConfig:
     """conf/task/<name>.yaml with ``values`` set: an evaluation task's settings from code."""
-    from pipelines.utils import CONF_DIR
-
     return OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / f"{name}.yaml"), values)

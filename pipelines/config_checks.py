@@ -1,0 +1,73 @@
+"""Config values checked in the task before any directory is claimed: trainer, optimizer, devices."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipelines.errors import PipelineConfigError
+
+
+def require_int(cfg: DictConfig, *keys: str) -> None:
+    """Each dotted key holds an integer (``seed=abc`` is named here, not by a traceback)."""
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PipelineConfigError(f"{key}={value!r} must be an integer")
+
+
+def check_optim(cfg: DictConfig) -> None:
+    """optim.* values AdamW or the schedule would refuse, named before any directory exists."""
+    if cfg.get("optim") is None:
+        return
+    from tape.schedule import optim_problems
+
+    values = OmegaConf.to_container(cfg.optim, resolve=True)
+    try:
+        problems = optim_problems(**values)
+    except TypeError as err:  # a missing or misspelt key
+        raise PipelineConfigError(f"optim: {err}") from None
+    if problems:
+        raise PipelineConfigError("; ".join(f"optim.{p}" for p in problems))
+
+
+def check_trainer(cfg: DictConfig) -> None:
+    """The last step must be validated (so last.ckpt and metrics hold the final model), and
+    checkpoints must fall on optimizer steps (so a resumed run replays exactly)."""
+    check_optim(cfg)
+    require_int(cfg, "seed", "trainer.max_steps", "trainer.val_check_interval",
+                "trainer.accumulate_grad_batches")
+    t = cfg.trainer
+    steps, every, accum = int(t.max_steps), int(t.val_check_interval), int(t.accumulate_grad_batches)
+    if steps < 1 or every < 1 or accum < 1:
+        raise PipelineConfigError(
+            "trainer.max_steps, trainer.val_check_interval and trainer.accumulate_grad_batches "
+            f"must be >= 1 (got {steps}, {every}, {accum})"
+        )
+    if every % accum or (steps * accum) % every:
+        raise PipelineConfigError(
+            f"trainer.val_check_interval={every} (in batches) must be a multiple of "
+            f"trainer.accumulate_grad_batches={accum} and divide trainer.max_steps * "
+            f"accumulate_grad_batches={steps * accum}; change trainer.val_check_interval"
+        )
+
+
+def check_accelerator(trainer: DictConfig) -> None:
+    """``trainer.accelerator`` / ``trainer.devices`` name hardware this machine has."""
+    import torch
+
+    acc, devices = str(trainer.get("accelerator", "cpu")), trainer.get("devices", 1)
+    if acc in ("gpu", "cuda"):
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise PipelineConfigError(
+                f"trainer.accelerator={acc} but this machine has no usable CUDA GPU "
+                "(torch.cuda.is_available() is False); use trainer=cpu, or run where there is a GPU"
+            )
+        wanted = list(devices) if isinstance(devices, (list, tuple)) or OmegaConf.is_list(devices) else []
+        if any(int(i) >= n for i in wanted) or (isinstance(devices, int) and devices > n):
+            raise PipelineConfigError(
+                f"trainer.devices={devices}: this machine has {n} GPU(s) (indices 0..{n - 1}); "
+                "pick with trainer.devices=[i] or CUDA_VISIBLE_DEVICES"
+            )
+    elif acc == "mps" and not (torch.backends.mps.is_available()):
+        raise PipelineConfigError("trainer.accelerator=mps but MPS is not available; use trainer=cpu")

@@ -1,0 +1,171 @@
+"""Checks of the command line that run before Hydra writes anything (choices, keys, directories)."""
+
+from __future__ import annotations
+
+import difflib
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from pipelines.errors import PipelineConfigError
+from pipelines.hydra_conf import CONF_DIR
+from pipelines.run_dirs import RUN_CLAIM, is_rank_zero
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """Every option of a config group, nested ones included (experiment: addition/cpu, ...)."""
+    root = conf_dir / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def unknown_choice(argv: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """A message for the first ``group=option`` on the command line that names no config file,
+    listing the group's options (Hydra does not list nested ones such as experiment=addition/*)."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or "(" in value or not (conf_dir / key).is_dir() or key == "hydra":
+            continue
+        options = group_options(key, conf_dir)
+        for choice in value.split(","):
+            if choice not in options and choice != "null":
+                return (f"{key}={choice}: no such {key} config; choose one of: "
+                        + ", ".join(options))
+    return None
+
+
+def check_writable(path: str | Path, key: str, value: str | Path | None = None) -> None:
+    """Create ``path`` (a folder) if needed and prove it writable, or fail naming ``key`` (set
+    to ``value``, by default ``path``)."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        where = "" if value is None else f" ({folder})"
+        raise PipelineConfigError(
+            f"{key}={value or path}: not a writable folder{where}: {err.strerror or err}; point "
+            f"{key} at a folder you can write, e.g. {key}=$HOME/tape-runs"
+        ) from None
+
+
+def check_run_dir_new(run_dir: Path, key: str = "hydra.run.dir") -> None:
+    """A run directory must be new: an existing, non-empty one belongs to another run."""
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        why = f"{RUN_CLAIM} exists" if (run_dir / RUN_CLAIM).exists() else "it is not empty"
+        raise PipelineConfigError(
+            f"{key}={run_dir} already belongs to another run ({why}); runs never share a "
+            f"directory, and nothing was written to it. Leave {key} at its default or point it "
+            "at a new directory."
+        )
+
+
+def _first_of_each_sweep(argv: list[str]) -> list[str]:
+    """The overrides of ``argv`` with every sweep (a,b / range(...)) cut to its first value."""
+    out = []
+    for override in OverridesParser.create().parse_overrides(argv):
+        if override.is_sweep_override():
+            first = next(iter(override.sweep_string_iterator()))
+            out.append(f"{override.get_key_element()}={first}")
+        else:
+            out.append(override.input_line)
+    return out
+
+
+def preflight(config_name: str, argv: list[str]) -> None:
+    """Checks that must pass before Hydra writes anything (it creates the run directory and
+    starts its log before the task runs): ``paths.runs_dir`` is writable and ``hydra.run.dir``
+    is new. Composes the config as Hydra will; a config Hydra cannot compose is left for Hydra
+    to report. DDP's extra processes rerun the command inside rank 0's directory: not checked."""
+    if not is_rank_zero():
+        return
+    multirun = bool({"-m", "--multirun"} & set(argv))
+    overrides = [a for a in argv if not a.startswith("-")]
+    if (problem := contradiction_problem(config_name, overrides)) is not None:
+        raise PipelineConfigError(problem)
+    cfg = compose_or_none(config_name, _first_of_each_sweep(overrides), hydra=True)
+    if cfg is None:  # Hydra reports a config it cannot compose, with context; a typo is ours
+        if (problem := unknown_key_problem(config_name, overrides)) is not None:
+            raise PipelineConfigError(problem)
+        return
+    runs_dir = OmegaConf.select(cfg, "paths.runs_dir")
+    run_dir = None if multirun else OmegaConf.select(cfg, "hydra.run.dir")
+    if runs_dir:
+        check_writable(runs_dir, "paths.runs_dir")
+    if run_dir:
+        run_dir = Path(str(run_dir))
+        check_run_dir_new(run_dir)
+        if not (runs_dir and run_dir.resolve().is_relative_to(Path(str(runs_dir)).resolve())):
+            check_writable(run_dir.parent, "hydra.run.dir", run_dir)  # a run outside paths.runs_dir
+
+
+def compose_or_none(config_name: str, overrides: list[str], hydra: bool = False) -> DictConfig | None:
+    """conf/<config_name> composed with ``overrides`` (with the hydra node when ``hydra``), or
+    None when Hydra cannot compose it (Hydra then reports why itself)."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
+    except Exception:  # noqa: BLE001 - any composition failure: left to Hydra's own message
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every key of a config as a dotted path (``trainer.max_steps``), leaves and branches."""
+    out = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            out += [path, *_dotted_keys(value, path + ".")]
+    return out
+
+
+def unknown_key_problem(config_name: str, overrides: list[str]) -> str | None:
+    """"unknown key trainer.max_step; did you mean trainer.max_steps?" for the overrides that
+    set a key the config does not have (Hydra's own message points at +key, the wrong way for
+    a typo); None when every key exists or the config cannot be composed at all."""
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+    first = _first_of_each_sweep(overrides)
+    settings = [o for o in first if "=" in o and not o.startswith(("+", "~")) and o.split("=", 1)[0] not in groups]
+    cfg = compose_or_none(config_name, [o for o in first if o not in settings], hydra=True)
+    if cfg is None:  # a bad group choice: Hydra's message lists the options
+        return None
+    known = _dotted_keys(OmegaConf.to_container(cfg, resolve=False))
+    problems = []
+    for key in (o.split("=", 1)[0] for o in settings):
+        if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+            near = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
+            hint = f"did you mean {' or '.join(near)}?" if near else "no key of that name is near it"
+            problems.append(f"unknown key {key}; {hint} (to add a new key on purpose: +{key}=...)")
+    return "; ".join(problems) or None
+
+
+_ABSENT = object()
+
+
+def contradiction_problem(config_name: str, overrides: list[str]) -> str | None:
+    """A key given twice (``pe=rope pe=tape`` silently kept the last), or a ``task=`` choice
+    other than the task of the chosen ``experiment=`` preset (its runs would be filed under
+    the preset's name); None when the choices agree."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o]
+    for key in dict.fromkeys(k for k in keys if keys.count(k) > 1):
+        values = [o.split("=", 1)[1] for o in overrides if "=" in o and o.split("=", 1)[0].lstrip("+~") == key]
+        return f"{key} is given {len(values)} times ({', '.join(values)}); give it once"
+    given = dict(o.split("=", 1) for o in overrides if "=" in o)
+    if "experiment" not in given or "task" not in given or "," in given["experiment"] + given["task"]:
+        return None
+    preset = compose_or_none(config_name, [f"experiment={given['experiment']}"])
+    chosen = compose_or_none(config_name, [f"task={given['task']}"])
+    if preset is None or chosen is None:  # an unknown preset or task: Hydra lists the options
+        return None
+    if preset.task.name != chosen.task.name:
+        return (f"experiment={given['experiment']} trains task {preset.task.name}, but task={given['task']} "
+                f"asks for {chosen.task.name}: drop task= (or choose a {chosen.task.name} preset, "
+                f"experiment={chosen.task.name}/<scale>)")
+    return None
