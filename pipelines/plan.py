@@ -98,13 +98,17 @@ def load_profile(name: str) -> Profile:
         if "experiment" not in body and body.get("entry") != "pipelines.benchmark":
             raise ValueError(f"{path}: steps.{step}: give its experiment (e.g. addition/{{scale}})")
     if raw.get("then"):
-        _read(raw["then"], ())  # exists and reads
+        try:
+            _read(raw["then"], (name,))  # exists and reads
+        except ValueError as err:
+            raise ValueError(f"{path}: then: {err}") from None
     minutes = raw.get("minutes") or {}
     return Profile(name=name, description=" ".join(str(raw.get("description", "")).split()),
-                   claims=raw.get("claims"), minutes={k: float(v) for k, v in (minutes.get("runs") or {}).items()},
+                   claims=raw.get("claims"),
+                   minutes={k: float(v) for k, v in (minutes.get("runs") or {}).items()},
                    minutes_note=minutes.get("note") or "", scale=raw.get("scale", "cpu"),
-                   print_only=bool(raw.get("print_only", False)), heading=raw.get("heading", ""), steps=raw.get("steps") or {},
-                   then=raw.get("then") or "")
+                   print_only=bool(raw.get("print_only", False)), heading=raw.get("heading", ""),
+                   steps=raw.get("steps") or {}, then=raw.get("then") or "")
 
 
 def _read(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
@@ -113,7 +117,7 @@ def _read(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"profile {name!r}: there is no {path}; the profiles are {', '.join(profiles())}")
     if name in seen:
-        raise ValueError(f"{path}: extends itself ({' -> '.join((*seen, name))})")
+        raise ValueError(f"{path}: extends or follows itself ({' -> '.join((*seen, name))})")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -158,12 +162,14 @@ def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"
 
 
 def _steps(prof: Profile, cfg: ClaimsConfig, seeds: tuple[int, ...], runs_dir: Path,
-           scrolls_data: Path | None) -> list[Step]:
+           scrolls_data: Path | None, chain: tuple[str, ...] = ()) -> list[Step]:
+    if prof.name in chain:
+        raise ValueError(f"profile {prof.name}: `then` leads back to it ({' -> '.join((*chain, prof.name))})")
     steps = claim_steps(replace(cfg, claims=tuple(c for c in cfg.claims if prof.runs_claim(c))),
                         prof.minutes) if prof.claims is not None else []
     more = [table_steps(prof, seeds, runs_dir, scrolls_data)]
     if prof.then:
-        more.append(_steps(load_profile(prof.then), cfg, seeds, runs_dir, scrolls_data))
+        more.append(_steps(load_profile(prof.then), cfg, seeds, runs_dir, scrolls_data, (*chain, prof.name)))
     for part in more:  # each part after everything before it
         offset = max((s.wave for s in steps), default=-1) + 1
         steps += [replace(s, wave=s.wave + offset) for s in part]

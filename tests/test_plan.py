@@ -72,7 +72,8 @@ def plan_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (("tables", "after: pretrain", "after: benchmark"),
      r"tables.yaml: steps.scrolls.after: 'benchmark' is not a step before it"),
     (("tables", "datasets: local", "datasets: some"), r"steps.scrolls.datasets: 'some'; write one of"),
-    (("cpu-full", "then: tables", "then: table"), r"profile 'table': there is no .*table.yaml; the profiles are"),
+    (("cpu-full", "then: tables", "then: table"),
+     r"cpu-full.yaml: then: profile 'table': there is no .*table.yaml; the profiles are cpu, cpu-full"),
 ])
 def test_a_bad_profile_names_the_key_and_the_fix(plan_dir: Path, edit: tuple[str, str, str], message: str) -> None:
     name, old, new = edit
@@ -87,5 +88,6 @@ def test_reproduce_says_what_is_wrong_with_a_profile(plan_dir: Path) -> None:
     from pipelines import reproduce
 
     (plan_dir / "cpu.yaml").write_text((plan_dir / "cpu.yaml").read_text().replace("minutes:", "minuets:"))
-    with pytest.raises(SystemExit, match=r"pipelines.reproduce: .*cpu.yaml: unknown key 'minuets': did you mean 'minutes'"):
+    message = r"pipelines.reproduce: .*cpu.yaml: unknown key 'minuets': did you mean 'minutes'"
+    with pytest.raises(SystemExit, match=message):
         reproduce.main(["--profile", "cpu", "--dry-run"])
