@@ -1,32 +1,22 @@
 """Run the experiments of one profile, then render results/: ``python -m pipelines.reproduce
---profile P`` runs here, skipping finished runs (``paper`` only prints its Hydra multirun commands
-and renders whatever has finished). Profiles:
-
-- ``cpu``: the claims of conf/claims.yaml (C1 arithmetic with and without Abacus and C1b on
-  fresh seeds, C2 language modelling and the ablation, C3 flip-flop retrieval at three
-  sparsities, C4 the official row-sum post map), every arm at the seeds its claim's plan gives it
-  (``--dry-run`` prints them and the estimate). Primary arms run first, seed by seed, so an
-  interrupted reproduction leaves whole pairs.
-- ``tables``: the paper's tables at cpu scale, ``--seeds`` seeds: context extension (5 recipes;
-  the longest single job, so it starts first), addition (5 PEs), pretraining (7 PEs), SCROLLS
-  (from the pretraining runs; only the datasets whose data are present), efficiency benchmark.
-- ``cpu-full``: the claims as ``cpu``, C5 (the group word problem, ``profiles: [cpu-full]`` in
-  claims.yaml) included, then ``tables``.
-- ``gpu``: the claims sized for one GPU (``profiles: [gpu]`` in claims.yaml: C1g, C3g), every
-  run resumable and recorded as it finishes, so short GPU windows accumulate; ``--dry-run`` lists
-  what is left and its estimated GPU time (not yet measured on a GPU).
-- ``paper``: the tables at paper scale (prints the commands).
+--profile P`` loads the plan, conf/reproduce/<P>.yaml (pipelines/plan.py; docs/reproduction.md),
+finds the runs it still lacks, runs them and renders results/ (a print-only profile, ``paper``,
+prints its Hydra multiruns instead and renders whatever has finished). A profile runs the claims
+of conf/claims.yaml it names, every arm at the seeds its claim's plan gives it (primary arms
+first, seed by seed, so an interrupted reproduction leaves whole pairs), and the paper's tables at
+``--seeds``; the profiles are listed below.
 
 A run is finished when a run directory of its experiment / PE / seed (and, for a claim arm, with
 the arm's config values) holds metrics.json, or a committed record does (``<out>/records``,
 tape/report/records.py), so an interrupted reproduction, or one in a fresh clone, continues where
 it stopped. Each finished run's record is written as soon as its command returns, and results/
-renders from the records. ``--dry-run`` shows the plan and runs nothing.
+renders from the records. ``--dry-run`` shows the plan and its estimated time, and runs nothing.
 
 ``--jobs N`` runs N runs at once, each with cpu_count // N torch threads and its output in
 ``<runs>/reproduce-logs/``: the small cpu-profile models use a second core poorly, so two
-one-thread runs finish sooner than two two-thread runs one after the other. SCROLLS waits for
-pretraining (it fine-tunes those runs) and the benchmark runs alone, with every core, last.
+one-thread runs finish sooner than two two-thread runs one after the other. A step waits for
+the steps before the one it runs ``after`` (SCROLLS fine-tunes the pretraining runs), and an
+``alone`` step (the benchmark) runs by itself, with every core, last.
 """
 
 from __future__ import annotations
@@ -40,53 +30,18 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
-from tape.data.scrolls import ScrollsDataError, local_files
-from tape.report.claims import ClaimsConfig, load_claims, lookup
-from tape.report.paper import ADDITION_PES, PRETRAIN_PES, SCROLLS_ORDER, SCROLLS_PES
+from pipelines.plan import Step, bench_dir, load_profile, plan, profiles
+from tape.report.claims import lookup
 from tape.report.render import WouldLoseResults, render
 from tape.report.records import RecordConflict, export_all, finished_runs
 from tape.report.runs import Run, latest_finished
 
-PROFILES = ("cpu", "tables", "cpu-full", "gpu", "paper")
-# Minutes a run of each claim experiment took here (one thread, two runs at once on 2 cores,
-# 2026-11-23): orders the other arms cheapest first and gives --dry-run its estimate.
-RUN_MINUTES: dict[str, float] = {"addition_c1/cpu": 6.5, "flipflop/cpu": 4.5, "pretrain/cpu": 2.0,
-                                 "word_problem/cpu": 6.5,
-                                 # one H100, not measured yet (issue 22's estimate; a GPU timing replaces it)
-                                 "addition_c1/gpu": 5.0, "flipflop/gpu": 5.0}
 WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
-# The paper profile needs inputs only the user has; the printed commands show where they go.
-PAPER_EXTEND_INPUTS = ("model.pretrained_path=/path/to/Llama-2-7b-hf",
-                       "data.eval_files.pg19=/path/to/pg19/test.bin",
-                       "data.eval_files.proof_pile=/path/to/proof-pile/test_sampled_data.bin")
-
-
-@dataclass
-class Step:
-    """One experiment of the reproduction: which runs it needs and how to launch them."""
-
-    name: str
-    entry: str  # python -m <entry>
-    experiment: str  # the experiment_name its runs record ("addition/cpu"); "" = not run-based
-    pes: tuple[str, ...] = ()
-    seeds: tuple[int, ...] = (0,)
-    overrides: tuple[str, ...] = ()
-    datasets: tuple[str, ...] = ()  # SCROLLS: one experiment per dataset (scrolls/<scale>/<dataset>)
-    unavailable: str = ""  # why the step cannot run here ("" = it can)
-    done_file: Path | None = None  # for steps that write a file instead of a run directory
-    wave: int = 0  # --jobs: a wave starts when every earlier wave has finished
-    alone: bool = False  # --jobs: run with every core and nothing beside it (timings)
-    single: bool = False  # one plain run per seed, no PE sweep (context extension: pe is llama)
-    match: Mapping[str, Any] = field(default_factory=dict)  # a claim arm: config values its runs have
-    tier: int = 0  # --jobs: inside a wave, lower tiers first; claim arms run seed by seed
-    minutes: float = 0.0  # a run's expected wall time here (0: unknown)
-
-    def experiments(self) -> list[str]:
-        return [f"{self.experiment}/{d}" for d in self.datasets] if self.datasets else [self.experiment]
 
 
 @dataclass
@@ -102,115 +57,7 @@ class Outcome:
     note: str = ""
 
 
-# ---------------------------------------------------------------------------- the plan
-def scrolls_datasets(data_dir: Path | None) -> tuple[tuple[str, ...], str]:
-    """The SCROLLS datasets with local train/validation JSONL under ``data_dir``, and a note."""
-    if data_dir is None:
-        return (), "not run: data unavailable (no --scrolls-data folder given)"
-    present = []
-    for name in SCROLLS_ORDER:
-        try:
-            local_files(name, data_dir, ("train", "validation"))
-            present.append(name)
-        except ScrollsDataError:
-            pass
-    note = "" if present else f"not run: data unavailable (no <dataset>/train.jsonl under {data_dir})"
-    return tuple(present), note
-
-
-def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"),
-         scrolls_data: Path | None = Path("data/scrolls"), claims: ClaimsConfig | None = None,
-         only: Sequence[str] = ()) -> list[Step]:
-    """Every experiment at ``profile`` in the order it runs (see the module docstring); ``only``
-    keeps the claims with those ids (C1, C3, ...)."""
-    if profile not in PROFILES:
-        raise ValueError(f"--profile {profile!r}: choose one of {PROFILES}")
-    claims = select_claims(claims or load_claims(), only)
-    claims = replace(claims, claims=tuple(c for c in claims.claims if profile in c.profiles
-                                          or (not c.profiles and profile != "gpu")))
-    if profile in ("cpu", "gpu"):
-        return claim_steps(claims)
-    if profile == "cpu-full":
-        full = claim_steps(claims)
-        tables = [replace(s, wave=s.wave + 1) for s in table_steps("cpu", seeds, runs_dir, scrolls_data)]
-        return [*full, *tables]
-    return table_steps(profile, seeds, runs_dir, scrolls_data)
-
-
-def select_claims(cfg: ClaimsConfig, only: Sequence[str]) -> ClaimsConfig:
-    """``cfg`` with only the claims named in ``only`` (all when empty); an unknown id is an error."""
-    if not only:
-        return cfg
-    ids = [c.id for c in cfg.claims]
-    unknown = [i for i in only if i not in ids]
-    if unknown:
-        raise ValueError(f"--claims {' '.join(unknown)}: unknown; conf/claims.yaml has {' '.join(ids)}")
-    return replace(cfg, claims=tuple(c for c in cfg.claims if c.id in only))
-
-
-def claim_steps(cfg: ClaimsConfig) -> list[Step]:
-    """One step per (experiment, arm) of the claims: the arm's PE and config values as overrides,
-    the seeds each claim's plan gives the arm (conf/claims.yaml ``seeds``, ``first_seed``; an arm
-    only described runs ``describe_seeds``), tier 0 for an arm of a primary comparison, else 1.
-    An arm two claims share (pretrain/cpu TAPE: C2 and C4) runs once, at the union of seeds."""
-    steps: dict[tuple[str, str], Step] = {}
-    for claim in cfg.claims:
-        for name in claim.arm_names:
-            arm = cfg.arms[name]
-            tier = 0 if name in claim.primary else 1
-            seeds = claim.arm_seeds(name, cfg.describe_seeds)
-            key = (claim.experiment, name)
-            if key in steps:
-                old = steps[key]
-                ids, arm_name = old.name.split("-", 1)
-                steps[key] = replace(old, name=f"{ids}+{claim.id}-{arm_name}", tier=min(old.tier, tier),
-                                     seeds=tuple(sorted({*old.seeds, *seeds})))
-                continue
-            values = {**claim.settings, **arm.match}  # the arm's own values win (compute-matched arms)
-            steps[key] = Step(
-                name=f"{claim.id}-{name}", entry="pipelines.train", experiment=claim.experiment,
-                pes=(arm.pe,), seeds=seeds,
-                overrides=tuple(f"{k}={_override(v)}" for k, v in values.items()),
-                match={**cfg.require, **values}, tier=tier,
-                minutes=RUN_MINUTES.get(claim.experiment, 0.0))
-    return list(steps.values())
-
-
-def _override(value: Any) -> str:
-    """A config value as Hydra reads it back (True -> true)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def table_steps(profile: str, seeds: Sequence[int], runs_dir: Path,
-                scrolls_data: Path | None) -> list[Step]:
-    """The paper's tables at ``profile`` (tables = cpu scale). The benchmark writes under
-    ``runs_dir/benchmark/<scale>`` like every other run (so a checkout's committed results/
-    never counts as done on a new machine); :func:`publish_benchmark` copies it into results/."""
-    seeds = tuple(seeds)
-    profile = "paper" if profile == "paper" else "cpu"  # the scale the presets are named after
-    datasets, scrolls_note = scrolls_datasets(scrolls_data)
-    scrolls_extra = (f"task.data_dir={scrolls_data}",) if datasets else ()
-    if profile == "paper":  # the hub may be reachable on a cluster: print every dataset
-        datasets, scrolls_note, scrolls_extra = SCROLLS_ORDER, "", ()
-    bench = ("device=cuda", "scale=paper") if profile == "paper" else ()
-    return [
-        Step("context_extension", "pipelines.train", f"context_extension/{profile}", ("llama",), seeds,
-             PAPER_EXTEND_INPUTS if profile == "paper" else (), single=True),
-        Step("addition", "pipelines.train", f"addition/{profile}", ADDITION_PES, seeds),
-        Step("pretrain", "pipelines.train", f"pretrain/{profile}", PRETRAIN_PES, seeds),
-        Step("scrolls", "pipelines.train", f"scrolls/{profile}", SCROLLS_PES, seeds,
-             ("task.pretrained_run=last", *scrolls_extra), datasets=datasets, unavailable=scrolls_note,
-             wave=1),
-        Step("benchmark", "pipelines.benchmark", "", overrides=(*bench, f"output_dir={bench_dir(runs_dir, profile)}"),
-             done_file=bench_dir(runs_dir, profile) / "efficiency.json", wave=2, alone=True),
-    ]
-
-
-def bench_dir(runs_dir: Path, profile: str) -> Path:
-    """Where the reproduction's benchmark writes efficiency.md / .json."""
-    return runs_dir / "benchmark" / profile
-
-
+# ---------------------------------------------------------------------------- the runs
 def publish_benchmark(runs_dir: Path, profile: str, out_dir: Path) -> bool:
     """Copy the profile's benchmark output into ``out_dir`` (the report links it); False when
     the benchmark has not run."""
@@ -464,15 +311,17 @@ def _finish(out: Outcome, todo: list, where: Where) -> None:
         out.ran, out.left = len(todo) - len(left), len(left)
 
 
-def estimate(steps: Sequence[Step], runs_dir: Path, jobs: int, records_dir: Path | None = None) -> str:
-    """The expected wall time of the runs left, from each step's ``minutes`` (claims only)."""
+def estimate(steps: Sequence[Step], runs_dir: Path, jobs: int, records_dir: Path | None = None,
+             note: str = "") -> str:
+    """The expected wall time of the runs left, from each step's ``minutes`` (claims only), and
+    ``note`` on those minutes (the profile's ``minutes.note``)."""
     runs = Where(runs_dir, records_dir).finished()
     known = [(len(pending(s, runs)), s.minutes) for s in steps if s.minutes]
     unknown = [s.name for s in steps if not s.minutes and pending(s, runs)]
     minutes = sum(n * m for n, m in known) / max(1, jobs)
     line = f"estimate: {sum(n for n, _ in known)} claim run(s) left, about {minutes:.0f} min with --jobs {jobs}"
-    if any(s.experiment.endswith("/gpu") for s in steps):
-        line += " (GPU minutes are an estimate, not yet measured on a GPU)"
+    if note:
+        line += f" ({note})"
     return line + (f" (plus {', '.join(unknown)}: no estimate)" if unknown else "")
 
 
@@ -489,11 +338,12 @@ def summary(outcomes: Sequence[Outcome]) -> str:
 # ---------------------------------------------------------------------------- entry point
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipelines.reproduce", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", choices=PROFILES, default="cpu")
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=_profiles_help())
+    p.add_argument("--profile", choices=profiles(), default="cpu")
     p.add_argument("--seeds", type=int, nargs="+", default=[0],
-                   help="seeds of the tables (profiles tables, cpu-full); claim arms take their "
-                        "seeds from their plan in conf/claims.yaml")
+                   help="seeds of the table steps (profiles tables, cpu-full); claim arms take "
+                        "their seeds from their plan in conf/claims.yaml")
     p.add_argument("--claims", nargs="+", default=[], metavar="ID",
                    help="run only these claims of conf/claims.yaml (e.g. --claims C2 C3); default: all")
     p.add_argument("--runs", type=Path, default=Path("runs"))
@@ -509,16 +359,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _profiles_help() -> str:
+    """The profiles and what each runs, for --help."""
+    lines = ["profiles (conf/reproduce/<profile>.yaml):"]
+    for name in profiles():
+        try:
+            description = load_profile(name).description
+        except ValueError as err:  # main says so when it is the profile asked for
+            description = f"(unreadable: {err})"
+        lines += textwrap.wrap(description, width=96, initial_indent=f"  {name}: ", subsequent_indent="    ")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int:
     args = parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs {args.jobs}: give at least 1 (runs at once)")
     try:
+        profile = load_profile(args.profile)
         steps = plan(args.profile, args.seeds, args.runs, args.scrolls_data, only=args.claims)
     except ValueError as err:
         raise SystemExit(f"pipelines.reproduce: {err}") from None
-    if args.profile == "paper":
-        print("Paper-scale commands (GPUs, the data sets and Llama-2 weights needed; see conf/experiment/*/paper.yaml):")
+    if profile.print_only:
+        print(profile.heading)
         for step in steps:
             for argv_ in commands(step):
                 print("  " + shlex.join(argv_))
@@ -528,11 +391,11 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         outcomes = execute(steps, args.runs, runner, dry_run=args.dry_run, jobs=args.jobs,
                            records_dir=records)
         if args.dry_run:
-            print(estimate(steps, args.runs, args.jobs, records))
+            print(estimate(steps, args.runs, args.jobs, records, profile.minutes_note))
         print(summary(outcomes))
         print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
     if not args.no_report and not args.dry_run:
-        scale = "paper" if args.profile == "paper" else "cpu"
+        scale = profile.scale
         if publish_benchmark(args.runs, scale, args.out):
             print(f"benchmark: {bench_dir(args.runs, scale)}/efficiency.{{md,json}} copied to {args.out}/")
         try:

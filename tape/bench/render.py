@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import tape.pe
-from tape.bench import paper_numbers
+from tape.paper import paper_number
 
 TAPE_MODES = {"tape_fused": "TAPE fused", "tape_unfused": "TAPE unfused", "tape_concat": "TAPE concat",
               "tape_padded": "TAPE padded", "tape_triton": "TAPE Triton kernel"}
@@ -36,8 +36,9 @@ def _table3(res: dict[str, Any]) -> list[str]:
     rows = t3["rows"]
     rope = rows.get("rope")
     body = []
+    table3 = paper_number("efficiency.table3.values")
     for key, r in rows.items():
-        paper = paper_numbers.TABLE3.get(r["pe"]) if (r["pe"] != "tape" or key == "tape_fused") else None
+        paper = table3.get(r["pe"]) if (r["pe"] != "tape" or key == "tape_fused") else None
         d_params = r["params"] - rope["params"] if rope else None
         body.append([
             _label(key), f"{r['params']:,}", f"{r['params_2p20']:.2f}",
@@ -70,13 +71,14 @@ def _op(res: dict[str, Any]) -> list[str]:
     c = sec["config"]
     on_cuda = any("memory" in r for r in sec["rows"].values())
     body = []
+    table4 = paper_number("efficiency.table4.values")
     for key, r in sec["rows"].items():
         vs = r.get("vs_rope", {})
         if "not_run" in r:
             body.append([_label(key), r["backend"], f"{r['flops'] / 1e9:.4g}", r["not_run"], "", "", "",
                          _f(vs.get("flops"), ".2f"), ""] + (["", ""] if on_cuda else []))
             continue
-        paper = paper_numbers.TABLE4.get(key)
+        paper = table4.get(key)
         body.append([
             _label(key), r["backend"], f"{r['flops'] / 1e9:.4g}",
             _time_cell(r["time_s"], 1e3, ".2f"), f"{r['it_per_s']:.1f}",
@@ -240,6 +242,7 @@ def default_notes(res: dict[str, Any]) -> list[str]:
     """The measurement notes for efficiency.md, specialised to what this run did."""
     t3 = res["table3"]["rows"]
     on_cuda = res["settings"]["device"].startswith("cuda")
+    paper3, paper4 = paper_number("efficiency.table3.values"), paper_number("efficiency.table4.values")
     notes = [
         "**Attention operator (a).** Timed: one layer's work between the q/k/v projections and the "
         "output projection, plus the PE's own per-layer updates, through the same hooks the decoder "
@@ -267,19 +270,23 @@ def default_notes(res: dict[str, Any]) -> list[str]:
         "and A·E costs one more A·V: the operator's bound is about 1.5, not 1.25. It bounds a "
         "FLOP-bound kernel; small operators that are bound by memory traffic or kernel launches can "
         "land below it. The paper's fused kernel aggregates full-width cos and sin (two extra A·V), "
-        "a FLOP ratio of about 2.0, yet the paper measured 1.23: its operator was not FLOP-bound at "
+        "a FLOP ratio of about 2.0, yet the paper measured "
+        f"{paper4['tape_fused']['time_s'] / paper4['rope']['time_s']:.2f}: its operator was not "
+        "FLOP-bound at "
         "its size.",
     ]
     if "tape_fused" in t3 and "rope" in t3:
         d_flops = (t3["tape_fused"]["flops"] - t3["rope"]["flops"]) / 1e9
         notes.append(
             f"**Table 3 against the paper.** TAPE's extra work here is {d_flops:.2f} GFLOPs against "
-            "the paper's 44.55: the paper's code aggregates cos and sin at full head width (two "
+            f"the paper's {paper3['tape']['gflops'] - paper3['rope']['gflops']:.2f}: the paper's code "
+            "aggregates cos and sin at full head width (two "
             "extra A·V per layer), ours the d/2 pairs once (one). Our TAPE has 38,160 parameters "
             "fewer than the paper's count: its last layer has no E-update maps, because the last "
             "E is never read (the official code keeps them, untrained; with them the count is "
             f"{(t3['tape_fused']['params'] + 38160) / 2**20:.2f} x 2^20). RoPE: our product-only "
-            "count gives 320.91 GFLOPs against the paper's 321.10 (its tool also counted some "
+            f"count gives 320.91 GFLOPs against the paper's {paper3['rope']['gflops']:.2f} (its tool "
+            "also counted some "
             "elementwise work).")
     if on_cuda:
         notes.append(

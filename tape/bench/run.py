@@ -10,7 +10,6 @@ from typing import Any, Callable
 import torch
 
 import tape.pe as pe_registry
-from tape.bench import paper_numbers
 from tape.bench.attention_op import build_attention_op
 from tape.bench.flops import META, count_flops, model_costs
 from tape.bench.machine import library_versions, machine_info, peak_bf16_flops
@@ -20,6 +19,7 @@ from tape.bench.train_step import TrainStep
 from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, make_variants
 from tape.kernels import triton_available
 from tape.model import ModelConfig
+from tape.paper import paper_number
 
 ALL_PES = ["tape", "rope"] + [name for name in pe_registry.names() if name not in ("tape", "rope")]
 
@@ -269,7 +269,7 @@ def _tape_summary(result: dict[str, Any]) -> dict[str, Any]:
             entry["saved_by_tensor_minus_rope"] = {
                 name: _saved_gap(r, rows["rope"]) for name, r in tapes.items() if "not_run" not in r}
         out[section] = entry
-    p = paper_numbers.TABLE4
+    p = paper_number("efficiency.table4.values")
     out["paper_table4"] = {"fused": p["tape_fused"]["time_s"] / p["rope"]["time_s"],
                            "unfused": p["tape_unfused"]["time_s"] / p["rope"]["time_s"]}
     return out
@@ -297,5 +297,6 @@ def run_benchmark(settings: BenchSettings, log: Callable[[str], None] = print) -
         _add_ratios(result[section])
     result["tape_vs_rope"] = _tape_summary(result)
     result["machine"]["load_average_1min"] = {"start": load_start, "end": _load_average()}
-    result["paper"] = {"table3": paper_numbers.TABLE3, "table4": paper_numbers.TABLE4}
+    result["paper"] = {"table3": paper_number("efficiency.table3.values"),
+                       "table4": paper_number("efficiency.table4.values")}
     return result

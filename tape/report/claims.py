@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 import yaml
 
+from tape.paper import paper_number
 from tape.report.claim_figures import claim_figure, flops_figure, validation_curve
 from tape.report.document import Context, Figure, Section
 from tape.report.groups import NOT_RUN, group_by
@@ -75,6 +76,7 @@ class Claim:
     paper_delta: float | None = None  # the paper's effect in our metric (treatment - baseline)
     paper_on: tuple[Pair, ...] = ()  # the comparisons the paper's effect is tested on
     paper_translation: str = ""  # how the paper's number becomes paper_delta
+    paper_numbers: Mapping[str, Any] = field(default_factory=dict)  # conf/paper_numbers.yaml key -> value
     note: str = ""
     also: tuple[str, ...] = ()  # metrics shown per arm beside the claim's (claims.yaml "also")
     valid: Mapping[str, float] = field(default_factory=dict)  # metric -> the least a valid seed has
@@ -159,6 +161,11 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
         if c["metric"] not in metrics:
             raise ValueError(f"{path}: claim {c['id']}: metric {c['metric']!r} is not under 'metrics' "
                              f"({sorted(metrics)})")
+        try:  # the paper's numbers the claim quotes, by their key in conf/paper_numbers.yaml
+            quoted = {key: paper_number(key) for key in c.get("paper_numbers") or []}
+        except KeyError as err:
+            raise ValueError(f"{path}: claim {c['id']}: paper_numbers: {err.args[0]}; name a key of "
+                             f"conf/paper_numbers.yaml") from None
         claims.append(Claim(id=c["id"], title=c["title"], paper=" ".join(c["paper"].split()),
                             experiment=c["experiment"], metric=c["metric"], primary=pairs[0],
                             secondary=tuple(pairs[1:]), command=" ".join(c["command"].split()),
@@ -166,6 +173,7 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
                             describe=tuple(described), question=" ".join(c.get("question", "").split()),
                             paper_delta=float(paper["delta"]) if paper else None, paper_on=paper_on,
                             paper_translation=" ".join(paper.get("translation", "").split()),
+                            paper_numbers=quoted,
                             note=c.get("note", ""), also=tuple(c.get("also") or ()),
                             valid={k: float(v) for k, v in (c.get("valid") or {}).items()},
                             profiles=tuple(c.get("profiles") or ()),

@@ -1,0 +1,267 @@
+"""The reproduction plan: conf/reproduce/<profile>.yaml read into the steps pipelines.reproduce
+runs. A profile names the claims of conf/claims.yaml it runs (each arm at the seeds its claim's
+plan gives it, and the minutes a run of each claim experiment takes), table steps (experiment,
+encodings, ``after``: run at ``--seeds``), a profile whose steps follow (``then``), or another
+profile it changes (``extends``). docs/reproduction.md lists the keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from tape.data.scrolls import ScrollsDataError, local_files
+from tape.report.claims import Claim, ClaimsConfig, load_claims
+from tape.report.paper import SCROLLS_ORDER
+
+PLAN_DIR = Path(__file__).resolve().parents[1] / "conf" / "reproduce"
+KEYS: dict[str, frozenset[str]] = {  # what a profile, its claims and minutes, and a step may say
+    "profile": frozenset({"description", "extends", "claims", "minutes", "scale", "print_only", "heading",
+                          "steps", "then"}),
+    "claims": frozenset({"profiles", "unlisted"}),
+    "minutes": frozenset({"measured", "note", "runs"}),
+    "step": frozenset({"experiment", "entry", "encodings", "single", "overrides", "datasets", "after", "alone"}),
+}
+DATASETS = ("local", "all")  # a step's `datasets`: those with data under --scrolls-data, or all
+
+
+@dataclass
+class Step:
+    """One experiment of the reproduction: which runs it needs and how to launch them."""
+
+    name: str
+    entry: str  # python -m <entry>
+    experiment: str  # the experiment_name its runs record ("addition/cpu"); "" = not run-based
+    pes: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = (0,)
+    overrides: tuple[str, ...] = ()
+    datasets: tuple[str, ...] = ()  # SCROLLS: one experiment per dataset (scrolls/<scale>/<dataset>)
+    unavailable: str = ""  # why the step cannot run here ("" = it can)
+    done_file: Path | None = None  # for steps that write a file instead of a run directory
+    wave: int = 0  # --jobs: a wave starts when every earlier wave has finished
+    alone: bool = False  # --jobs: run with every core and nothing beside it (timings)
+    single: bool = False  # one plain run per seed, no PE sweep (context extension: pe is llama)
+    match: Mapping[str, Any] = field(default_factory=dict)  # a claim arm: config values its runs have
+    tier: int = 0  # --jobs: inside a wave, lower tiers first; claim arms run seed by seed
+    minutes: float = 0.0  # a run's expected wall time here (0: unknown)
+
+    def experiments(self) -> list[str]:
+        return [f"{self.experiment}/{d}" for d in self.datasets] if self.datasets else [self.experiment]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One conf/reproduce/<name>.yaml, with the profile it extends merged in."""
+
+    name: str
+    description: str = ""
+    claims: Mapping[str, Any] | None = None  # {profiles, unlisted}; None: runs no claim
+    minutes: Mapping[str, float] = field(default_factory=dict)  # claim experiment -> a run's minutes
+    minutes_note: str = ""  # said beside --dry-run's estimate
+    scale: str = "cpu"  # {scale} in the steps' experiments; the benchmark's scale
+    print_only: bool = False  # print the commands, run nothing
+    heading: str = ""  # printed above those commands
+    steps: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    then: str = ""  # a profile whose steps run after these
+
+    def runs_claim(self, claim: Claim) -> bool:
+        """Whether the profile runs ``claim``: its ``profiles`` name one of ours, or it names
+        none and the profile takes such claims (``unlisted``)."""
+        if self.claims is None:
+            return False
+        if claim.profiles:
+            return bool(set(claim.profiles) & set(self.claims.get("profiles") or ()))
+        return bool(self.claims.get("unlisted", False))
+
+
+def profiles() -> tuple[str, ...]:
+    """The profiles: one conf/reproduce/<name>.yaml each."""
+    return tuple(sorted(p.stem for p in PLAN_DIR.glob("*.yaml")))
+
+
+def load_profile(name: str) -> Profile:
+    """conf/reproduce/<name>.yaml, checked: an unknown key, ``after`` step, ``datasets`` value or
+    profile named is a ValueError that says what to write instead."""
+    raw = _read(name, ())
+    path = PLAN_DIR / f"{name}.yaml"
+    names = list(raw.get("steps") or {})
+    for i, (step, body) in enumerate((raw.get("steps") or {}).items()):
+        if body.get("after") is not None and body["after"] not in names[:i]:
+            raise ValueError(f"{path}: steps.{step}.after: {body['after']!r} is not a step before it "
+                             f"({', '.join(names[:i]) or 'none'})")
+        if body.get("datasets") is not None and body["datasets"] not in DATASETS:
+            raise ValueError(f"{path}: steps.{step}.datasets: {body['datasets']!r}; write one of {DATASETS}")
+        if "experiment" not in body and body.get("entry") != "pipelines.benchmark":
+            raise ValueError(f"{path}: steps.{step}: give its experiment (e.g. addition/{{scale}})")
+    if raw.get("then"):
+        try:
+            _read(raw["then"], (name,))  # exists and reads
+        except ValueError as err:
+            raise ValueError(f"{path}: then: {err}") from None
+    minutes = raw.get("minutes") or {}
+    return Profile(name=name, description=" ".join(str(raw.get("description", "")).split()),
+                   claims=raw.get("claims"),
+                   minutes={k: float(v) for k, v in (minutes.get("runs") or {}).items()},
+                   minutes_note=minutes.get("note") or "", scale=raw.get("scale", "cpu"),
+                   print_only=bool(raw.get("print_only", False)), heading=raw.get("heading", ""),
+                   steps=raw.get("steps") or {}, then=raw.get("then") or "")
+
+
+def _read(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
+    """The profile's YAML, checked, over the profile it ``extends`` (mappings merge key by key)."""
+    path = PLAN_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"profile {name!r}: there is no {path}; the profiles are {', '.join(profiles())}")
+    if name in seen:
+        raise ValueError(f"{path}: extends or follows itself ({' -> '.join((*seen, name))})")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not YAML: {err}") from None
+    _check_keys(raw, "profile", path, "")
+    for section in ("claims", "minutes"):
+        if raw.get(section) is not None:
+            _check_keys(raw[section], section, path, f"{section}.")
+    for step, body in (raw.get("steps") or {}).items():
+        _check_keys(body, "step", path, f"steps.{step}.")
+    base = raw.pop("extends", None)
+    return _merge(_read(base, (*seen, name)), raw) if base else raw
+
+
+def _check_keys(mapping: Any, kind: str, path: Path, where: str) -> None:
+    if not isinstance(mapping, dict):
+        raise ValueError(f"{path}: {where.rstrip('.') or 'the file'} must be a mapping of keys")
+    for key in mapping:
+        if key not in KEYS[kind]:
+            close = difflib.get_close_matches(str(key), KEYS[kind], n=1)
+            fix = f"did you mean {close[0]!r}? " if close else ""
+            label = {"profile": "a profile", "step": "a step"}.get(kind, f"`{kind}`")
+            raise ValueError(f"{path}: unknown key {where}{key!r}: {fix}{label} takes "
+                             f"{', '.join(sorted(KEYS[kind]))} (docs/reproduction.md)")
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
+    return out
+
+
+# ---------------------------------------------------------------------------- the steps
+def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"),
+         scrolls_data: Path | None = Path("data/scrolls"), claims: ClaimsConfig | None = None,
+         only: Sequence[str] = ()) -> list[Step]:
+    """Every experiment of ``profile`` in the order it runs: its claims' arms, its table steps,
+    then the steps of its ``then`` profile; ``only`` keeps the claims with those ids (C1, C3, ...)."""
+    cfg = select_claims(claims or load_claims(), only)
+    return _steps(load_profile(profile), cfg, tuple(seeds), runs_dir, scrolls_data)
+
+
+def _steps(prof: Profile, cfg: ClaimsConfig, seeds: tuple[int, ...], runs_dir: Path,
+           scrolls_data: Path | None, chain: tuple[str, ...] = ()) -> list[Step]:
+    if prof.name in chain:
+        raise ValueError(f"profile {prof.name}: `then` leads back to it ({' -> '.join((*chain, prof.name))})")
+    steps = claim_steps(replace(cfg, claims=tuple(c for c in cfg.claims if prof.runs_claim(c))),
+                        prof.minutes) if prof.claims is not None else []
+    more = [table_steps(prof, seeds, runs_dir, scrolls_data)]
+    if prof.then:
+        more.append(_steps(load_profile(prof.then), cfg, seeds, runs_dir, scrolls_data, (*chain, prof.name)))
+    for part in more:  # each part after everything before it
+        offset = max((s.wave for s in steps), default=-1) + 1
+        steps += [replace(s, wave=s.wave + offset) for s in part]
+    return steps
+
+
+def select_claims(cfg: ClaimsConfig, only: Sequence[str]) -> ClaimsConfig:
+    """``cfg`` with only the claims named in ``only`` (all when empty); an unknown id is an error."""
+    if not only:
+        return cfg
+    ids = [c.id for c in cfg.claims]
+    unknown = [i for i in only if i not in ids]
+    if unknown:
+        raise ValueError(f"--claims {' '.join(unknown)}: unknown; conf/claims.yaml has {' '.join(ids)}")
+    return replace(cfg, claims=tuple(c for c in cfg.claims if c.id in only))
+
+
+def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None) -> list[Step]:
+    """One step per (experiment, arm) of the claims: the arm's PE and config values as overrides,
+    the seeds each claim's plan gives the arm (conf/claims.yaml ``seeds``, ``first_seed``; an arm
+    only described runs ``describe_seeds``), tier 0 for an arm of a primary comparison, else 1,
+    and ``minutes`` a run of its experiment takes. An arm two claims share (pretrain/cpu TAPE: C2
+    and C4) runs once, at the union of seeds."""
+    minutes = minutes or {}
+    steps: dict[tuple[str, str], Step] = {}
+    for claim in cfg.claims:
+        for name in claim.arm_names:
+            arm = cfg.arms[name]
+            tier = 0 if name in claim.primary else 1
+            seeds = claim.arm_seeds(name, cfg.describe_seeds)
+            key = (claim.experiment, name)
+            if key in steps:
+                old = steps[key]
+                ids, arm_name = old.name.split("-", 1)
+                steps[key] = replace(old, name=f"{ids}+{claim.id}-{arm_name}", tier=min(old.tier, tier),
+                                     seeds=tuple(sorted({*old.seeds, *seeds})))
+                continue
+            values = {**claim.settings, **arm.match}  # the arm's own values win (compute-matched arms)
+            steps[key] = Step(
+                name=f"{claim.id}-{name}", entry="pipelines.train", experiment=claim.experiment,
+                pes=(arm.pe,), seeds=seeds,
+                overrides=tuple(f"{k}={_override(v)}" for k, v in values.items()),
+                match={**cfg.require, **values}, tier=tier,
+                minutes=minutes.get(claim.experiment, 0.0))
+    return list(steps.values())
+
+
+def _override(value: Any) -> str:
+    """A config value as Hydra reads it back (True -> true)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def table_steps(prof: Profile, seeds: Sequence[int], runs_dir: Path, scrolls_data: Path | None) -> list[Step]:
+    """The profile's ``steps`` at ``seeds``, each ``after`` step one wave later than the step it
+    waits for. The benchmark writes under ``runs_dir/benchmark/<scale>`` like every other run (so
+    a checkout's committed results/ never counts as done on a new machine)."""
+    out: list[Step] = []
+    waves: dict[str, int] = {}
+    for name, s in prof.steps.items():
+        waves[name] = waves[s["after"]] + 1 if s.get("after") else 0
+        step = Step(name, s.get("entry", "pipelines.train"), s.get("experiment", "").format(scale=prof.scale),
+                    tuple(s.get("encodings") or ()), tuple(seeds), tuple(s.get("overrides") or ()),
+                    wave=waves[name], alone=bool(s.get("alone", False)), single=bool(s.get("single", False)))
+        if s.get("datasets") == "all":  # the hub may be reachable (a cluster): every dataset
+            step = replace(step, datasets=SCROLLS_ORDER)
+        elif s.get("datasets") == "local":
+            datasets, note = scrolls_datasets(scrolls_data)
+            step = replace(step, datasets=datasets, unavailable=note, overrides=(
+                *step.overrides, *((f"task.data_dir={scrolls_data}",) if datasets else ())))
+        if step.entry == "pipelines.benchmark":
+            out_dir = bench_dir(runs_dir, prof.scale)
+            step = replace(step, experiment="", seeds=(0,), overrides=(*step.overrides, f"output_dir={out_dir}"),
+                           done_file=out_dir / "efficiency.json")
+        out.append(step)
+    return out
+
+
+def scrolls_datasets(data_dir: Path | None) -> tuple[tuple[str, ...], str]:
+    """The SCROLLS datasets with local train/validation JSONL under ``data_dir``, and a note."""
+    if data_dir is None:
+        return (), "not run: data unavailable (no --scrolls-data folder given)"
+    present = []
+    for name in SCROLLS_ORDER:
+        try:
+            local_files(name, data_dir, ("train", "validation"))
+            present.append(name)
+        except ScrollsDataError:
+            pass
+    note = "" if present else f"not run: data unavailable (no <dataset>/train.jsonl under {data_dir})"
+    return tuple(present), note
+
+
+def bench_dir(runs_dir: Path, scale: str) -> Path:
+    """Where the reproduction's benchmark writes efficiency.md / .json."""
+    return runs_dir / "benchmark" / scale
