@@ -5,6 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import PipelineConfigError
+from pipelines.fits import check_fits
 
 
 def require_int(cfg: DictConfig, *keys: str) -> None:
@@ -32,8 +33,10 @@ def check_optim(cfg: DictConfig) -> None:
 
 def check_trainer(cfg: DictConfig) -> None:
     """The last step must be validated (so last.ckpt and metrics hold the final model), and
-    checkpoints must fall on optimizer steps (so a resumed run replays exactly)."""
+    checkpoints must fall on optimizer steps (so a resumed run replays exactly); optimizer values
+    and the training step's memory are checked here too."""
     check_optim(cfg)
+    check_fits(cfg)
     require_int(cfg, "seed", "trainer.max_steps", "trainer.val_check_interval",
                 "trainer.accumulate_grad_batches")
     t = cfg.trainer

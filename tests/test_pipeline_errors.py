@@ -153,3 +153,14 @@ def test_wandb_online_without_a_login_is_refused_before_any_folder(tmp_path: Pat
     assert out.returncode == 1 and "logger=wandb_online needs a W&B login" in both, both[-3000:]
     assert "wandb login" in both and "logger=wandb" in both and "Traceback" not in both
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("preset", ["flipflop/smoke", "pretrain/smoke"])
+def test_a_training_length_no_memory_here_holds_is_refused(tmp_path: Path, preset: str) -> None:
+    """Issue 23: task.seq_len=100000000 started training; it is refused with the floor it needs."""
+    out = cli([f"experiment={preset}", "logger=none", "task.seq_len=100000000"], tmp_path)
+    both = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in both, both
+    assert "task.seq_len=100000000 with task.batch_size=" in both and "lower task.seq_len" in both
+    assert not (tmp_path / "runs").exists()
+

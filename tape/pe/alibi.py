@@ -53,6 +53,7 @@ class ALiBi(PositionalEncoding):
     """No learned parameters; the slopes are fixed by the number of heads."""
 
     display = "ALiBi"
+    materialises_bias = True
 
     def make_layer(self, layer_idx: int) -> LayerPE:
         return ALiBiLayer(self.cfg.n_heads)

@@ -123,6 +123,8 @@ class PositionalEncoding(nn.Module):
     """True when the PE rotates channel pairs (needs an even head dim)."""
     relative: ClassVar[bool] = True
     """True when logits depend only on position differences (shift-invariant)."""
+    materialises_bias: ClassVar[bool] = False
+    """True when attention needs a (B, H, N, T) float32 bias tensor (memory grows as N²)."""
 
     def __init__(self, cfg: "ModelConfig", opts: PEOptions | None = None) -> None:
         super().__init__()

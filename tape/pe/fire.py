@@ -60,6 +60,7 @@ class FIRE(PositionalEncoding):
     """Options: ``fire_mlp_width``, ``fire_init_c``, ``fire_init_L``."""
 
     display = "FIRE"
+    materialises_bias = True
     Options = FIREOptions
     relative = False  # the max(i, L) normaliser depends on the absolute query position
 

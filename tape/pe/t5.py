@@ -51,6 +51,7 @@ class T5Bias(PositionalEncoding):
     """Options: ``t5_num_buckets`` (64), ``t5_max_distance`` (128)."""
 
     display = "T5 bias"
+    materialises_bias = True
     Options = T5Options
 
     def make_layer(self, layer_idx: int) -> LayerPE:
