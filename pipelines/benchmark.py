@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tape.bench import BenchSettings, OpSettings, TrainSettings, run_benchmark
 from tape.bench.run import ALL_PES
-from tape.bench.machine import git_state
+from tape.vcs import git_state
 from tape.bench.render import default_notes, render_markdown
 
 REPO = Path(__file__).resolve().parents[1]

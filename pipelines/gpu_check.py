@@ -144,7 +144,7 @@ def summary_md(summary: dict) -> str:
 def environment() -> dict[str, str]:
     import torch
 
-    from tape.bench.machine import commit_label
+    from tape.vcs import commit_label
 
     try:
         import triton

@@ -55,7 +55,8 @@ def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
     """Make ``run_dir`` this run's own: create command.txt exclusively (fail if another run has
     it), then save the resolved config, Hydra's record (.hydra/) and start the log file. Nothing
     that was there is ever overwritten."""
-    from tape.bench.machine import commit_label, machine_summary
+    from tape.bench.machine import machine_summary
+    from tape.vcs import commit_label
 
     run_dir.mkdir(parents=True, exist_ok=True)
     try:

@@ -19,7 +19,7 @@ from pipelines.errors import PipelineConfigError
 from pipelines.evaluate import evaluate
 from pipelines.tasks import flipflop as task
 from pipelines.train import train
-from tape.data.addition import IGNORE_INDEX
+from tape.data.labels import IGNORE_INDEX
 from tape.data.flipflop import (
     IGNORE, ONE, READ, WRITE, ZERO, FlipFlopStream, decode, eval_set, generate, labels_for, read_mask,
 )

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tape.data.addition import IGNORE_INDEX
+from tape.data.labels import IGNORE_INDEX
 from tape.lightning import CausalLMModule
 from tape.lightning.callbacks import TokensPerSecond
 

@@ -385,7 +385,7 @@ def test_context_extension_variants_are_left_out_of_the_paper_tables(tmp_path) -
 def test_commit_label_ignores_rendered_results_but_not_code(tmp_path: Path) -> None:
     import subprocess
 
-    from tape.bench.machine import commit_label
+    from tape.vcs import commit_label
 
     def git(*args: str) -> None:
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,

@@ -21,7 +21,7 @@ from pipelines.errors import PipelineConfigError
 from pipelines.evaluate import evaluate
 from pipelines.tasks import word_problem as task
 from pipelines.train import train
-from tape.data.addition import IGNORE_INDEX
+from tape.data.labels import IGNORE_INDEX
 from tape.data.word_problem import (
     GROUPS, WordProblemStream, eval_set, generate, get_group, is_even, model_inputs, multiply,
     prefix_products, training_batch,

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
+from tape.data.labels import IGNORE_INDEX
+
 # Vocabulary of the arithmetic repo (tape-spec D.1; there spaces map to PAD and unknown chars to UNK,
 # here ``encode`` refuses a character outside it).
 VOCAB: tuple[str, ...] = ("<pad>", "<unk>", "<bos>", "<eos>", *"0123456789", "+", "-", "x", "=")
@@ -27,7 +29,6 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 TOKEN_ID: dict[str, int] = {s: i for i, s in enumerate(VOCAB)}
 PLUS, EQUALS = TOKEN_ID["+"], TOKEN_ID["="]
 VOCAB_SIZE = len(VOCAB)  # 18
-IGNORE_INDEX = -100  # label value that the loss skips (prompt and padding)
 
 # Independent random streams derived from one user seed (NumPy SeedSequence entropy words).
 TRAIN_STREAM, VAL_STREAM, GRID_STREAM, SAMPLE_STREAM = 0, 1, 2, 3

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from tape.data.addition import IGNORE_INDEX
+from tape.data.labels import IGNORE_INDEX
 
 VOCAB: tuple[str, ...] = ("<pad>", "w", "r", "i", "0", "1")
 PAD, WRITE, READ, IGNORE, ZERO, ONE = range(6)

@@ -55,6 +55,7 @@ import torch
 from torch import Tensor
 
 from tape.data.hub import hub_usable
+from tape.data.labels import IGNORE_INDEX
 
 if TYPE_CHECKING:  # datasets is imported lazily: it is slow to import and only the loaders use it
     from datasets import DatasetDict
@@ -63,7 +64,6 @@ HUB_REPO = "tau/scrolls"
 HUB_REVISION = "main"  # pin a full commit sha here once one has been checked against the paper
 FIELDS = ("id", "pid", "input", "output")
 SPLITS = ("train", "validation", "test")
-IGNORE_INDEX = -100  # label value the loss skips (prompt and padding)
 
 SUMMARY_PREFIX = "Context:\n"
 SUMMARY_SUFFIX = "\n Please summarize this report:"

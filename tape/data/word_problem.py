@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
-from tape.data.addition import IGNORE_INDEX
+from tape.data.labels import IGNORE_INDEX
 
 GROUPS: tuple[str, ...] = ("parity", "s3", "a5")
 TRAIN_STREAM, VAL_STREAM, EVAL_STREAM = 0, 1, 2

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import tape.pe as pe_registry
-from tape.data.addition import IGNORE_INDEX
+from tape.data.labels import IGNORE_INDEX
 from tape.model import DecoderLM, ModelConfig
 from tape.lightning.distributed import clip_gradients
 from tape.schedule import adamw_with_schedule

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 
-from tape.bench.machine import commit_label
+from tape.vcs import commit_label
 from tape.report.runs import Run
 
 REPO = Path(__file__).resolve().parents[2]
