@@ -8,7 +8,14 @@ Runs, each step in its own process with a time limit, and records verdicts, time
    float64 logits and gradients (``python -m pipelines.gpu_check model``);
 3. ``pipelines.train`` on CUDA: every experiment's smoke preset with bf16-mixed, and FSDP on one
    GPU with gradient clipping on;
-4. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``).
+4. TAPE at Llama-2-7B's layer shape (head dim 128), N = 4096: bf16 autocast training step with
+   the default backend against SDPA, and an fp32 forward (context extension's frozen dtype)
+   through the kernel, with times and peak memory (``python -m pipelines.gpu_check llama7b``);
+5. 50 steps of each GPU claim preset (``experiment=<claim>/gpu``), timed, so the GPU profile's
+   minutes can replace their estimates;
+6. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``).
+
+``--only WORD`` runs the steps whose name contains WORD (a short GPU window runs a few at a time).
 
 ``--dry-run`` lists the steps and runs nothing (a wiring check on any machine); ``--render
 results/gpu.md`` writes the results page from a summary, and refuses a summary that did not run
@@ -28,6 +35,8 @@ from pathlib import Path
 from typing import Sequence
 
 SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
+GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu")
+TIMED_STEPS = 50
 GPU = ("trainer=gpu", "logger=csv")
 
 
@@ -62,6 +71,11 @@ def checks(runs_dir: Path) -> list[Check]:
     out.append(Check("train addition/smoke, FSDP on one GPU, clipping on",
                      (*py, "-m", "pipelines.train", "experiment=addition/smoke", "trainer=fsdp",
                       "trainer.devices=1", "logger=csv", "trainer.gradient_clip_val=0.5", f"paths.runs_dir={runs_dir}"), 180))
+    out.append(Check("TAPE at Llama-2-7B layer shape, N=4096", (*py, "-m", "pipelines.gpu_check", "llama7b"), 240))
+    for preset in GPU_PRESETS:
+        out.append(Check(f"time {TIMED_STEPS} steps of {preset}", (
+            *py, "-m", "pipelines.train", f"experiment={preset}", "logger=csv", f"trainer.max_steps={TIMED_STEPS}",
+            f"trainer.val_check_interval={TIMED_STEPS}", f"paths.runs_dir={runs_dir}"), 300))
     out.append(Check("benchmark at the paper's shape", (*py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
                                                         f"output_dir={runs_dir / 'benchmark'}"), 300))
     return out
@@ -127,6 +141,71 @@ def model_check(n: int = 1024, batch: int = 2, device: str = "cuda",
     return out
 
 
+LLAMA_7B_LAYERS = dict(vocab_size=32000, n_layers=2, d_model=4096, n_heads=32, d_ff=11008)
+
+
+def llama7b_check(n: int = 4096, device: str = "cuda", shape: dict | None = None) -> dict[str, float]:
+    """TAPE in two layers of Llama-2-7B's shape (head dim 128): a bf16-autocast training step
+    with the default backend (the Triton kernel on CUDA) and with SDPA, and an fp32 forward
+    through each; max relative logit errors against SDPA, seconds and peak GiB per step.
+    Raises when the default backend's error exceeds 2e-2 (bf16) or 1e-3 (fp32)."""
+    import torch
+
+    from tape.model import DecoderLM, ModelConfig
+
+    torch.manual_seed(0)
+    cfg = dict(**(shape or LLAMA_7B_LAYERS), max_seq_len=n, pe="tape")
+    ids = torch.randint(0, cfg["vocab_size"], (1, n), device=device)
+    base = DecoderLM(ModelConfig(**cfg, attn_backend="sdpa")).to(device)
+    out: dict[str, float] = {}
+    logits: dict[str, torch.Tensor] = {}
+    for backend in ("sdpa", "auto"):
+        model = DecoderLM(ModelConfig(**cfg, attn_backend=backend)).to(device)
+        model.load_state_dict(base.state_dict())
+        for precision in ("bf16", "fp32"):
+            _reset_peak(device)
+            t0 = time.perf_counter()
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                if precision == "bf16":
+                    value = model(ids).logits
+                    value.float().logsumexp(-1).mean().backward()
+                else:
+                    with torch.no_grad():
+                        value = model(ids).logits
+            _sync(device)
+            out[f"{backend}_{precision}_s"] = time.perf_counter() - t0
+            out[f"{backend}_{precision}_peak_gib"] = _peak_gib(device)
+            logits[f"{backend}_{precision}"] = value.detach().double()
+            model.zero_grad(set_to_none=True)
+    for precision, bound in (("bf16", 2e-2), ("fp32", 1e-3)):
+        ref, got = logits[f"sdpa_{precision}"], logits[f"auto_{precision}"]
+        out[f"auto_vs_sdpa_{precision}"] = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+        if out[f"auto_vs_sdpa_{precision}"] > bound:
+            raise AssertionError(f"{precision}: default backend differs from SDPA by "
+                                 f"{out[f'auto_vs_sdpa_{precision}']:.3g} > {bound}")
+    return out
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _reset_peak(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gib(device: str) -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+
+
 def summary_md(summary: dict) -> str:
     """The results page: device and versions, then one row per step."""
     rows = [f"| {o['name']} | {'pass' if o['passed'] else 'FAIL'} | {o['wall_s']:.0f} s | `{o['log']}` |"
@@ -176,7 +255,9 @@ def render(summary_dir: Path, out: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", nargs="?", choices=["model"], help="run one in-process step (used by the checks)")
+    p.add_argument("step", nargs="?", choices=["model", "llama7b"],
+                   help="run one in-process step (used by the checks)")
+    p.add_argument("--only", metavar="WORD", help="run only the checks whose name contains WORD")
     p.add_argument("--runs", type=Path, default=Path("runs"))
     p.add_argument("--dry-run", action="store_true", help="list the checks; run nothing")
     p.add_argument("--render", type=Path, metavar="OUT", help="write OUT (results/gpu.md) from --summary")
@@ -185,13 +266,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.step == "model":
         print(json.dumps(model_check()))
         return 0
+    if args.step == "llama7b":
+        print(json.dumps(llama7b_check()))
+        return 0
     if args.render:
         summary = args.summary or max((args.runs / "gpu-check").glob("*/summary.json")).parent
         render(summary, args.render)
         print(f"wrote {args.render} from {summary}")
         return 0
     out_dir = args.runs / "gpu-check" / time.strftime("%Y%m%d-%H%M%S")
-    steps = checks(out_dir / "runs")
+    steps = [c for c in checks(out_dir / "runs") if args.only is None or args.only.lower() in c.name.lower()]
+    if not steps:
+        p.error(f"--only {args.only!r} matches no check; --dry-run lists them")
     if args.dry_run:
         for check in steps:
             print(f"[{check.limit_s:>3} s] {check.name}: {shlex.join(check.argv)}")

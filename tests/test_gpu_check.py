@@ -18,7 +18,9 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
     for exp in gpu_check.SMOKE_EXPERIMENTS:
         assert f"experiment={exp}/smoke trainer=gpu logger=csv" in out
     assert "trainer=fsdp trainer.devices=1" in out and "gradient_clip_val=0.5" in out
-    assert "pipelines.benchmark device=cuda scale=paper" in out
+    assert "pipelines.benchmark device=cuda scale=paper" in out and "pipelines.gpu_check llama7b" in out
+    for preset in gpu_check.GPU_PRESETS:
+        assert f"experiment={preset} logger=csv trainer.max_steps=50" in out
 
 
 def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -62,3 +64,19 @@ def test_the_model_check_runs_on_a_cpu_at_a_small_shape() -> None:
                                    shape=dict(vocab_size=64, n_layers=2, d_model=32, n_heads=2))
     assert set(errors) == {"sdpa_logits", "sdpa_grads", "triton_logits", "triton_grads"}
     assert 0 < errors["sdpa_logits"] < 0.1 and errors["triton_grads"] < max(2e-2, 3 * errors["sdpa_grads"])
+
+
+def test_the_llama7b_check_runs_on_a_cpu_at_head_dim_128() -> None:
+    """Its code at a small width with Llama-2-7B's head dim; on CPU both backends are SDPA."""
+    out = gpu_check.llama7b_check(n=32, device="cpu",
+                                  shape=dict(vocab_size=64, n_layers=2, d_model=256, n_heads=2, d_ff=512))
+    assert out["auto_vs_sdpa_bf16"] <= 2e-2 and out["auto_vs_sdpa_fp32"] <= 1e-3
+    assert {"sdpa_bf16_s", "auto_fp32_s", "auto_bf16_peak_gib"} <= set(out)
+
+
+def test_only_picks_checks_by_name(capsys: pytest.CaptureFixture) -> None:
+    assert gpu_check.main(["--dry-run", "--only", "llama-2-7b"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and "pipelines.gpu_check llama7b" in lines[0]
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--dry-run", "--only", "no such check"])
