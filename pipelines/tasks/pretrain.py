@@ -25,6 +25,8 @@ from pipelines.config_checks import require_int
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_position_range, model_config
 from pipelines.result_files import write_csv
+from pipelines.tasks import register
+from pipelines.tasks.base import Task
 
 if TYPE_CHECKING:  # torch-based; imported where used, after the config checks
     from tape.data.text import TextData, TokenBlockStream
@@ -190,3 +192,13 @@ def _e_movement(model: Any, tokens: Any, seq_len: int, blocks: int = 8) -> dict[
         return {}
     ids = torch.as_tensor(data[: n * seq_len].reshape(n, seq_len)).to(next(model.parameters()).device)
     return e_movement(model, ids)
+
+
+@register("pretrain")
+class Pretrain(Task):
+    """From-scratch language-model pretraining, perplexity by evaluation length."""
+
+    validate = staticmethod(validate)
+    datamodule = staticmethod(datamodule)
+    evaluate = staticmethod(evaluate)
+    positions_needed = staticmethod(positions_needed)
