@@ -2,7 +2,7 @@
 ``wandb_tables()``.
 
 One module (or subpackage) per task, named as the task: it registers its ``Task`` subclass
-(pipelines/tasks/base.py) with ``@register(name)``. ``get`` imports only the named task's module;
+(pipelines/tasks/base.py) with ``@register(name)``. ``get`` imports the module named as the task;
 ``names`` and ``wandb_tables`` import every module of this package first.
 """
 
@@ -34,9 +34,13 @@ def register(name: str) -> Callable[[T], T]:
 
 
 def get(name: str) -> Task:
-    """The task registered as ``name`` (its module, pipelines.tasks.<name>, imported first)."""
-    if name not in _REGISTRY and name.isidentifier() and _is_module(name):
-        importlib.import_module(f"{__name__}.{name}")
+    """The task registered as ``name``: pipelines.tasks.<name> is imported (a module named
+    otherwise is found by importing them all)."""
+    if name not in _REGISTRY:
+        if name in _task_modules():
+            importlib.import_module(f"{__name__}.{name}")
+        else:
+            _import_tasks()
     if name not in _REGISTRY:
         raise PipelineConfigError(f"task.name={name!r} is not a known task; choose one of {names()}")
     return _REGISTRY[name]
@@ -57,10 +61,6 @@ def wandb_tables() -> dict[str, WandbTable]:
 def _task_modules() -> list[str]:
     return [m.name for m in pkgutil.iter_modules(__path__)
             if m.name not in _NOT_TASKS and not m.name.startswith("_")]
-
-
-def _is_module(name: str) -> bool:
-    return name in _task_modules()
 
 
 def _import_tasks() -> None:

@@ -79,6 +79,15 @@ class Task:
             "task=perplexity, or no task= to re-run the run's own evaluation"
         )
 
+    def trained_tokenizer(self, run_cfg: DictConfig) -> str | None:
+        """The text tokenizer a run of this task (its config.yaml) trained with (None: none)."""
+        return None
+
+    def heldout_files(self, run_cfg: DictConfig, out_dir: Path) -> dict[str, str] | None:
+        """Token files (uint16) of such a run's held-out text by corpus, written into ``out_dir``
+        where they must be made (None: the run has no held-out text)."""
+        return None
+
     def refuse_training(self) -> None:
         """An evaluation task (``trains = False``) says how to run it instead."""
         if not self.trains:

@@ -258,3 +258,15 @@ class Scrolls(Task):
     validate = staticmethod(validate)
     datamodule = staticmethod(datamodule)
     evaluate = staticmethod(evaluate)
+
+    def trained_tokenizer(self, run_cfg: DictConfig) -> str:
+        """The pretrained run's tokenizer (fine-tuning keeps it)."""
+        from pipelines.tasks import pretrain
+
+        return pretrain.trained_tokenizer(run_cfg.task.pretrained)
+
+    def heldout_files(self, run_cfg: DictConfig, out_dir: Path) -> dict[str, str]:
+        """The pretrained run's held-out text."""
+        from pipelines.tasks import pretrain
+
+        return pretrain.heldout_files(run_cfg.task.pretrained, out_dir)

@@ -25,7 +25,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from pipelines.tasks.context_extension.data import check_inputs, describe, load_data
+from pipelines.tasks.context_extension.data import (
+    check_inputs, describe, heldout_files, load_data, trained_tokenizer,
+)
 from pipelines.tasks.context_extension.report import (
     PASSKEY_FIELDS, PPL_FIELDS, passkey_table, perplexity_table, plot_passkey,
 )
@@ -212,3 +214,9 @@ class ContextExtension(Task):
     runs_itself = True
     validate = staticmethod(validate)
     run = staticmethod(run)
+
+    def trained_tokenizer(self, run_cfg: DictConfig) -> str:
+        return trained_tokenizer(run_cfg)
+
+    def heldout_files(self, run_cfg: DictConfig, out_dir: Path) -> dict[str, str]:
+        return heldout_files(run_cfg)
