@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import instantiate_group
-from pipelines.result_files import Row, read_csv_rows, read_jsonl_rows  # noqa: F401 - read back in tests
+from pipelines.result_files import Row, read_csv_rows  # noqa: F401 - tests read result files with it
 
 # W&B writes one folder per process: wandb/offline-run-<date>_<time>-<id> (run-... online)
 RUN_FOLDER = re.compile(r"(?:offline-)?run-\d{8}_\d{6}-(?P<id>[a-z0-9]+)")
