@@ -34,7 +34,7 @@ from pipelines.preflight import unknown_choice
 from pipelines.result_files import write_json_once
 from pipelines.run_dirs import claim_run_dir
 from pipelines.run_source import RunSource, open_run
-from pipelines.tasks import get_task
+from pipelines import tasks
 
 # The keys of conf/evaluate.yaml's own ``task:`` block: changes to the run's own task settings.
 RERUN_KEYS = ("eval_max_digits", "examples_per_cell", "eval_seed", "eval_batch_size")
@@ -78,13 +78,7 @@ def task_config(cfg: DictConfig, source: RunSource, out_dir: Path) -> DictConfig
         return OmegaConf.merge(source.run_cfg.task, changes)
     task_cfg = OmegaConf.create({k: v for k, v in chosen.items()
                                  if not (k in RERUN_KEYS and v is None)})
-    task = get_task(task_cfg.name)
-    if not hasattr(task, "adopt"):
-        raise PipelineConfigError(
-            f"task={task_cfg.name} cannot evaluate another run's model; pass task=passkey or "
-            "task=perplexity, or no task= to re-run the run's own evaluation"
-        )
-    task.adopt(task_cfg, source, out_dir)
+    tasks.get(task_cfg.name).adopt(task_cfg, source, out_dir)  # refused by a task that cannot
     return task_cfg
 
 
@@ -135,14 +129,12 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     task_cfg = task_config(cfg, source, out_dir)
-    task = get_task(task_cfg.name)
+    task = tasks.get(task_cfg.name)
     mc = source.model_config()
-    if mc is not None and hasattr(task, "positions_needed"):
-        if (need := task.positions_needed(task_cfg)) is not None:
-            check_position_range(mc, *need)  # e.g. RandPE asked beyond its trained range
+    if mc is not None and (need := task.positions_needed(task_cfg)) is not None:
+        check_position_range(mc, *need)  # e.g. RandPE asked beyond its trained range
     device = resolve_device(str(cfg.device))
-    if hasattr(task, "check"):  # e.g. passkey: every prompt length fits, with the run's tokenizer
-        task.check(task_cfg)
+    task.check(task_cfg)  # e.g. passkey: every prompt length fits, with the run's tokenizer
     model, facts = source.load_model(device, str(cfg.dtype))  # a broken checkpoint fails here
     claim_run_dir(out_dir, OmegaConf.create({"run_dir": str(source.run_dir), "stage": source.stage,
                                              "checkpoint": str(source.ckpt), "device": device,

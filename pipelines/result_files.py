@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+Row = dict[str, Any]
+
 
 def write_json_once(path: Path, values: dict[str, Any]) -> None:
     """Write JSON to a new file; an existing file is an error, never overwritten."""
@@ -21,3 +23,23 @@ def write_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str], path: Path)
         writer = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+
+
+def _number(text: str) -> Any:
+    """A CSV cell as int or float where it is one, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_csv_rows(path: Path) -> list[Row]:
+    with open(path, newline="") as f:
+        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def read_jsonl_rows(path: Path) -> list[Row]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

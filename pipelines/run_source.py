@@ -18,11 +18,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 import tape.pe as pe_registry
+from pipelines import tasks
 from pipelines.checkpoints import load_checkpoint
 from pipelines.errors import PipelineConfigError
 from tape.model import ModelConfig
@@ -48,7 +48,8 @@ def find_checkpoint(run_dir: Path, which: str) -> Path:
     return found[-1]
 
 
-def _books(data_dir: str, vocab_size: int, heldout_percent: int = 10) -> Any:
+def run_books(data_dir: str, vocab_size: int, heldout_percent: int = 10) -> Any:
+    """The books corpus a run trained on (its tokenizer and token files), built if missing."""
     from tape.data.corpus import CorpusUnavailable
     from tape.data.text import prepare_text_data
 
@@ -125,15 +126,8 @@ class RunSource:
     def tokenizer_path(self) -> str:
         """The tokenizer the run trained with: our BPE's tokenizer.json or an HF directory."""
         c = self.run_cfg
-        if c is not None and self.task_name == "context_extension":
-            if c.data.source == "books":
-                return str(_books(c.data.data_dir, c.data.vocab_size).tokenizer_path)
-            return str(c.model.pretrained_path)
-        if c is not None and self.task_name in ("pretrain", "scrolls"):
-            t = c.task if self.task_name == "pretrain" else c.task.pretrained
-            if t.corpus == "books":
-                return str(_books(t.data_dir, t.vocab_size, t.heldout_percent).tokenizer_path)
-            return str(t.tokenizer_path)
+        if c is not None and (path := tasks.get(self.task_name).trained_tokenizer(c)) is not None:
+            return path
         if self.model_dir is not None and any((self.model_dir / f).is_file() for f in HF_TOKENIZER_FILES):
             return str(self.model_dir)
         what = f"a {self.task_name} run" if c is not None else f"{self.run_dir} (no tokenizer files)"
@@ -146,24 +140,8 @@ class RunSource:
         """Token files (uint16) of the run's held-out text, by corpus name. A streamed corpus's
         held-out tokens are written once into ``out_dir``."""
         c = self.run_cfg
-        if c is not None and self.task_name == "context_extension":
-            if c.data.source == "books":
-                books = _books(c.data.data_dir, c.data.vocab_size)
-                return {str(k): str(books.tokens_path(str(v))) for k, v in c.data.eval_files.items()}
-            return {str(k): str(v) for k, v in c.data.eval_files.items()}
-        if c is not None and self.task_name in ("pretrain", "scrolls"):
-            t = c.task if self.task_name == "pretrain" else c.task.pretrained
-            if t.corpus == "books":
-                return {"heldout": str(_books(t.data_dir, t.vocab_size, t.heldout_percent).tokens_path("books_heldout"))}
-            from pipelines.tasks.pretrain import heldout_tokens
-
-            tokens = heldout_tokens(t)
-            if tokens.max() > np.iinfo(np.uint16).max:
-                raise PipelineConfigError("the run's vocabulary does not fit uint16 token files; "
-                                          "pass +task.corpora.<name>=<token file> and task.token_dtype")
-            path = out_dir / "heldout.bin"
-            tokens.astype(np.uint16).tofile(path)
-            return {"heldout": str(path)}
+        if c is not None and (files := tasks.get(self.task_name).heldout_files(c, out_dir)) is not None:
+            return files
         raise PipelineConfigError(
             f"task.corpora is not set and {self.run_dir} has no held-out text of its own; pass "
             "+task.corpora.<name>=<path to a uint16 token file> (LongLoRA's pg19/test.bin, or "

@@ -28,7 +28,7 @@ from pipelines.preflight import check_run_dir_new
 from pipelines.result_files import write_json_once
 from pipelines.resume import resolve_ckpt_path
 from pipelines.run_dirs import claim_run_dir, is_rank_zero
-from pipelines.tasks import get_task
+from pipelines import tasks
 
 if TYPE_CHECKING:  # torch and Lightning are imported after the config checks (a typo reports fast)
     from lightning.pytorch.callbacks import Callback
@@ -63,15 +63,15 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     run_dir = Path(cfg.paths.output_dir)
     if is_rank_zero():
         check_run_dir_new(run_dir)  # fails fast; the claim below is what makes it this run's
-    task = get_task(cfg.task.name)
+    task = tasks.get(cfg.task.name)
     wandb_log.check_online_login(cfg)
-    if hasattr(task, "run"):  # a multi-stage task (context extension) runs its own fits
+    if task.runs_itself:  # a multi-stage task (context extension) runs its own fits
         check_accelerator(cfg.trainer)
         quiet_known_noise()
         return task.run(cfg)
     check_trainer(cfg)
-    if hasattr(task, "prepare"):  # e.g. fine-tuning adopts its pretrained run's model config
-        task.prepare(cfg)
+    task.prepare(cfg)  # e.g. fine-tuning adopts its pretrained run's model config
+    task.refuse_training()  # an evaluation task (passkey, perplexity) says how to run it
     task.validate(cfg)  # every config error surfaces here, before any training
     ckpt = resolve_ckpt_path(cfg, run_dir)
     check_accelerator(cfg.trainer)
@@ -89,7 +89,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     else:  # DDP's extra processes log beside rank 0's files
         start_log_file(run_dir / job_log_name())
     module = build_module(cfg)
-    if ckpt is None and hasattr(task, "initialize"):  # e.g. load pretrained weights
+    if ckpt is None:  # e.g. load pretrained weights
         task.initialize(module.model, cfg)
     loggers = wandb_log.open_loggers(cfg, ckpt)  # W&B: full config; a resume continues its run
     callbacks = instantiate_group(cfg.get("callbacks")) + list(extra_callbacks)

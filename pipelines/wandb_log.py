@@ -1,80 +1,31 @@
 """What a run shows in W&B beyond Lightning's metric history: the full resolved config, each
 task's tidy results as ``wandb.Table``s and its figures, and one W&B run across resumes.
 
-Everything here reads what the tasks already wrote into the run directory (grid.csv,
-perplexity.csv, passkey.csv, predictions_scored.jsonl, heatmap.png, passkey.png), so any entry
-point that writes those files (train, evaluate, context extension) can call ``log_results``.
+Everything here reads what the tasks already wrote into the run directory (each task names its
+tidy result files in ``wandb_tables``: grid.csv, perplexity.csv, passkey.csv, ...; and the figures
+heatmap.png, passkey.png), so any entry point that writes those files (train, evaluate, context
+extension) can call ``log_results``.
 W&B stays offline unless ``logger=wandb_online``; wandb itself is imported only when a W&B
 logger exists.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import instantiate_group
-
-Row = dict[str, Any]
+from pipelines.result_files import Row, read_csv_rows  # noqa: F401 - tests read result files with it
 
 # W&B writes one folder per process: wandb/offline-run-<date>_<time>-<id> (run-... online)
 RUN_FOLDER = re.compile(r"(?:offline-)?run-\d{8}_\d{6}-(?P<id>[a-z0-9]+)")
 FIGURES = {"heatmap.png": "eval/heatmap", "passkey.png": "eval/passkey_plot"}  # run-dir figures
-
-
-def _number(text: str) -> Any:
-    """A CSV cell as int or float where it is one, else the text."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def read_csv_rows(path: Path) -> list[Row]:
-    with open(path, newline="") as f:
-        return [{k: _number(v) for k, v in row.items()} for row in csv.DictReader(f)]
-
-
-def read_jsonl_rows(path: Path) -> list[Row]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _grid(rows: list[Row], cfg: DictConfig) -> list[Row]:
-    """Addition grid cells with their accuracy in %."""
-    return [{**r, "accuracy": 100.0 * r["correct"] / r["n"]} for r in rows]
-
-
-def _perplexity(rows: list[Row], cfg: DictConfig) -> list[Row]:
-    """Perplexity rows with their corpus (pretraining names it in task.corpus, not per row)."""
-    corpus = OmegaConf.select(cfg, "task.corpus")
-    return [r if "corpus" in r or corpus is None else {"corpus": corpus, **r} for r in rows]
-
-
-def _predictions(rows: list[Row], cfg: DictConfig) -> list[Row]:
-    """SCROLLS predictions with their references joined one per line (a table cell is text)."""
-    return [{**r, "references": "\n".join(r["references"])} for r in rows]
-
-
-# run-dir file -> (W&B key, reader, row preparation)
-TABLES: dict[str, tuple[str, Callable[[Path], list[Row]], Callable[[list[Row], DictConfig], list[Row]]]] = {
-    "grid.csv": ("eval/grid", read_csv_rows, _grid),
-    "perplexity.csv": ("eval/perplexity", read_csv_rows, _perplexity),
-    "passkey.csv": ("eval/passkey", read_csv_rows, lambda rows, cfg: rows),
-    "flipflop.csv": ("eval/flipflop", read_csv_rows, lambda rows, cfg: rows),
-    "word_problem.csv": ("eval/word_problem", read_csv_rows, lambda rows, cfg: rows),
-    "predictions_scored.jsonl": ("eval/predictions", read_jsonl_rows, _predictions),
-}
 
 
 def wandb_loggers(loggers: Sequence[Any]) -> list[Any]:
@@ -172,10 +123,12 @@ def log_config(loggers: Sequence[Any], cfg: DictConfig) -> None:
 # ---------------------------------------------------------------------------- results
 def result_tables(run_dir: Path, cfg: DictConfig) -> dict[str, list[Row]]:
     """{W&B key: rows} for every tidy result file the task wrote into ``run_dir``."""
+    from pipelines import tasks
+
     out = {}
-    for name, (key, read, prepare) in TABLES.items():
+    for name, table in tasks.wandb_tables().items():
         if (run_dir / name).is_file():
-            out[key] = prepare(read(run_dir / name), cfg)
+            out[table.key] = table.prepare(table.read(run_dir / name), cfg)
     return out
 
 

@@ -180,11 +180,11 @@ def test_perplexity_on_a_pretraining_run_reads_its_heldout_text(pretrained: Path
 
 
 def test_passkey_and_perplexity_refuse_pipelines_train(make_cfg) -> None:
-    from pipelines.tasks import get_task
+    from pipelines import tasks
 
     for name in ("passkey", "perplexity"):
         with pytest.raises(PipelineConfigError, match="pipelines.evaluate run_dir="):
-            get_task(name).validate(make_cfg(f"task={name}"))
+            tasks.get(name).validate(make_cfg(f"task={name}"))
 
 
 # ---------------------------------------------------------------------------- Hugging Face models

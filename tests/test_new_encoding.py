@@ -5,15 +5,12 @@ and has its display name in tables."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from project_copy import copy_project, run_python
 
 TOY_ENCODING = textwrap.dedent('''
     """Toy: a learned per-head linear distance penalty (a learnable ALiBi), for the extension test."""
@@ -65,45 +62,33 @@ TOY_CONF = "name: toy\ntoy_slope: 0.5\n"
 
 @pytest.fixture(scope="module")
 def project_with_toy(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("project")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("tape", "conf", "pipelines", "tests"):
-        shutil.copytree(REPO / folder, root / folder, ignore=ignore)
-    for name in ("pyproject.toml",):
-        shutil.copy(REPO / name, root / name)
-    (root / "tape" / "pe" / "toy.py").write_text(TOY_ENCODING)
-    (root / "conf" / "pe" / "toy.yaml").write_text(TOY_CONF)
-    return root
-
-
-def _run(root: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True,
-                          timeout=timeout)
+    return copy_project(tmp_path_factory.mktemp("project"),
+                        {"tape/pe/toy.py": TOY_ENCODING, "conf/pe/toy.yaml": TOY_CONF})
 
 
 @pytest.mark.slow
 def test_a_new_encoding_is_property_tested_and_its_options_checked(project_with_toy):
-    proc = _run(project_with_toy, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                "tests/test_pe_properties.py", "tests/test_pipeline_config.py", "-k", "toy or registered_pe")
+    proc = run_python(project_with_toy, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                      "tests/test_pe_properties.py", "tests/test_pipeline_config.py", "-k", "toy or registered_pe")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     passed = int(proc.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
     assert passed >= 8  # every property of tests/test_pe_properties.py ran on "toy"
-    bad = _run(project_with_toy, "-c", "import tape.pe; from tape.model import ModelConfig; "
-               "tape.pe.check(ModelConfig(vocab_size=8, n_layers=1, d_model=16, n_heads=2, pe='toy', "
-               "pe_options={'toy_slope': -1.0}))")
+    bad = run_python(project_with_toy, "-c", "import tape.pe; from tape.model import ModelConfig; "
+                     "tape.pe.check(ModelConfig(vocab_size=8, n_layers=1, d_model=16, n_heads=2, pe='toy', "
+                     "pe_options={'toy_slope': -1.0}))")
     assert bad.returncode != 0 and "toy_slope=-1.0 must be >= 0" in bad.stderr
 
 
 @pytest.mark.slow
 def test_a_new_encoding_trains_is_benchmarked_and_displayed(project_with_toy, tmp_path):
-    train = _run(project_with_toy, "-m", "pipelines.train", "experiment=addition/smoke", "pe=toy",
-                 "pe.toy_slope=0.25", "logger=none", "trainer.max_steps=3", f"paths.runs_dir={tmp_path}/runs")
+    train = run_python(project_with_toy, "-m", "pipelines.train", "experiment=addition/smoke", "pe=toy",
+                       "pe.toy_slope=0.25", "logger=none", "trainer.max_steps=3", f"paths.runs_dir={tmp_path}/runs")
     assert train.returncode == 0, train.stderr[-3000:]
-    bench = _run(project_with_toy, "-m", "pipelines.benchmark", "scale=tiny", "pes=[rope,toy]",
-                 f"output_dir={tmp_path}/bench")
+    bench = run_python(project_with_toy, "-m", "pipelines.benchmark", "scale=tiny", "pes=[rope,toy]",
+                       f"output_dir={tmp_path}/bench")
     assert bench.returncode == 0, bench.stderr[-3000:]
     rows = json.loads((tmp_path / "bench" / "efficiency.json").read_text())["attention_op"]["rows"]
     assert "toy" in rows and "Toy bias" in (tmp_path / "bench" / "efficiency.md").read_text()
-    shown = _run(project_with_toy, "-c", "from tape.report.paper import display; "
-                 "from tape.bench.run import ALL_PES; print(display('toy'), 'toy' in ALL_PES)")
+    shown = run_python(project_with_toy, "-c", "from tape.report.paper import display; "
+                       "from tape.bench.run import ALL_PES; print(display('toy'), 'toy' in ALL_PES)")
     assert shown.stdout.split() == ["Toy", "bias", "True"], shown.stderr

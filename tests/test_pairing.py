@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from pipelines.tasks import get_task
+from pipelines import tasks
 from pipelines.train import build_module
 from tape.model import DecoderLM
 from tape.model.pairing import pair_initial_weights, reference_model
@@ -77,7 +77,7 @@ def test_pe_own_weights_are_kept() -> None:
 def test_data_order_is_the_same_for_every_pe(make_cfg, experiment: str) -> None:
     def batches(pe: str, seed: int) -> list[dict[str, torch.Tensor]]:
         cfg = make_cfg(f"experiment={experiment}", f"pe={pe}", f"seed={seed}")
-        dm = get_task(cfg.task.name).datamodule(cfg)
+        dm = tasks.get(cfg.task.name).datamodule(cfg)
         return list(itertools.islice(iter(dm.train_dataloader()), 3))
 
     ref = batches("rope", 0)

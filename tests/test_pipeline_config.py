@@ -19,7 +19,8 @@ from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import instantiate_group
 from pipelines.models import model_config
 from pipelines.preflight import unknown_choice
-from pipelines.tasks import addition, get_task
+from pipelines import tasks
+from pipelines.tasks import addition
 from pipelines.train import build_module
 from tape.model import DecoderLM, ModelConfig
 
@@ -52,7 +53,7 @@ def test_preset_composes_validates_and_instantiates(preset: str, tmp_path: Path)
         cfg.paths.output_dir = str(tmp_path)
     assert cfg.experiment_name.startswith(preset) and cfg.scale == preset.split("/")[-1]
     check_trainer(cfg)
-    get_task(cfg.task.name).validate(cfg)
+    tasks.get(cfg.task.name).validate(cfg)
     mc = model_config(cfg)
     assert mc.pe == "tape" and mc.max_seq_len == cfg.task.seq_len
     loggers = instantiate_group(cfg.logger)
@@ -177,7 +178,7 @@ def test_randpe_range_that_covers_the_grid_is_accepted() -> None:
 
 def test_unknown_task_is_named() -> None:
     with pytest.raises(PipelineConfigError, match="task.name='sorting'"):
-        get_task("sorting")
+        tasks.get("sorting")
 
 
 def test_module_gets_the_composed_model_and_optimizer() -> None:

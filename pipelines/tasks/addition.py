@@ -11,6 +11,9 @@ from omegaconf import DictConfig
 from pipelines.config_checks import require_int
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_position_range, model_config
+from pipelines.result_files import Row
+from pipelines.tasks import register
+from pipelines.tasks.base import Task, WandbTable
 
 if TYPE_CHECKING:  # torch-based; imported where used, after the cheap config checks
     from tape.lightning import AdditionDataModule
@@ -81,6 +84,11 @@ def datamodule(cfg: DictConfig) -> AdditionDataModule:
     )
 
 
+def grid_rows(rows: list[Row], cfg: DictConfig) -> list[Row]:
+    """Addition grid cells with their accuracy in %."""
+    return [{**r, "accuracy": 100.0 * r["correct"] / r["n"]} for r in rows]
+
+
 def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
     """Grid of [1..eval_max_digits]^2 -> grid.csv, heatmap.png and the summary metrics."""
     from tape.metrics.arithmetic import evaluate_grid, summarize, write_grid_csv
@@ -99,3 +107,14 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
                  out_dir / "heatmap.png")
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
+
+
+@register("addition")
+class Addition(Task):
+    """Integer addition: train on sums up to task.max_digits, test the whole digit grid."""
+
+    wandb_tables = {"grid.csv": WandbTable("eval/grid", prepare=grid_rows)}
+    validate = staticmethod(validate)
+    datamodule = staticmethod(datamodule)
+    evaluate = staticmethod(evaluate)
+    positions_needed = staticmethod(positions_needed)

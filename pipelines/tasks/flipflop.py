@@ -15,6 +15,8 @@ from omegaconf import DictConfig
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_position_range, model_config
 from pipelines.result_files import write_csv
+from pipelines.tasks import register
+from pipelines.tasks.base import Task, WandbTable
 from tape.data.flipflop import LOSS_ON, VOCAB_SIZE, eval_set, read_mask
 from tape.lightning.flipflop import FlipFlopDataModule
 
@@ -89,3 +91,13 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
     write_csv(rows, list(rows[0]), out_dir / "flipflop.csv")
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
+
+
+@register("flipflop")
+class FlipFlop(Task):
+    """Flip-flop language modelling: read error by length and sparsity."""
+
+    wandb_tables = {"flipflop.csv": WandbTable("eval/flipflop")}
+    validate = staticmethod(validate)
+    datamodule = staticmethod(datamodule)
+    evaluate = staticmethod(evaluate)

@@ -20,21 +20,14 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 from torch import nn
 
-from pipelines.errors import PipelineConfigError, evaluation_only
+from pipelines.errors import PipelineConfigError
 from pipelines.models import check_model_positions
+from pipelines.tasks import register
+from pipelines.tasks.base import Task, WandbTable
 from tape.data.passkey import MAX_KEY, garbage_for_tokens, passkey_accuracy, passkey_prompt
 from tape.data.tokenizer import TextTokenizer, load_tokenizer
 
 FIELDS = ["target_tokens", "filler_chars", "n_garbage", "max_tokens", "mean_tokens", "trials", "accuracy"]
-
-
-def validate(cfg: DictConfig) -> None:
-    """Refused in pipelines.train: passkey is evaluated on a finished run."""
-    evaluation_only("passkey")
-
-
-def datamodule(cfg: DictConfig) -> Any:
-    evaluation_only("passkey")
 
 
 def adopt(task_cfg: DictConfig, source: Any, out_dir: Path) -> None:
@@ -145,3 +138,14 @@ def evaluate(model: nn.Module, task_cfg: DictConfig, out_dir: Path, title: str) 
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
 
+
+@register("passkey")
+class Passkey(Task):
+    """Passkey retrieval accuracy by prompt length; an evaluation task (pipelines.evaluate)."""
+
+    trains = False
+    wandb_tables = {"passkey.csv": WandbTable("eval/passkey")}
+    adopt = staticmethod(adopt)
+    check = staticmethod(check)
+    evaluate = staticmethod(evaluate)
+    positions_needed = staticmethod(positions_needed)

@@ -17,24 +17,18 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
-from pipelines.errors import PipelineConfigError, evaluation_only
+from pipelines.errors import PipelineConfigError
 from pipelines.models import check_model_positions
+from pipelines.result_files import Row
+from pipelines.tasks import register
+from pipelines.tasks.base import Task, WandbTable
 from tape.metrics.perplexity import load_token_file, sliding_window_perplexity
 
 FIELDS = ["corpus", "length", "perplexity", "nll", "windows", "scored_tokens"]
 log = logging.getLogger("pipelines.evaluate")
-
-
-def validate(cfg: DictConfig) -> None:
-    """Refused in pipelines.train: perplexity is evaluated on a finished run."""
-    evaluation_only("perplexity")
-
-
-def datamodule(cfg: DictConfig) -> Any:
-    evaluation_only("perplexity")
 
 
 def adopt(task_cfg: DictConfig, source: Any, out_dir: Path) -> None:
@@ -98,6 +92,12 @@ def _load(corpus: str, path: Any, t: DictConfig) -> np.ndarray:
         raise PipelineConfigError(f"task.corpora.{corpus}: {err}") from None
 
 
+def with_corpus(rows: list[Row], cfg: DictConfig) -> list[Row]:
+    """Perplexity rows with their corpus (pretraining names it in task.corpus, not per row)."""
+    corpus = OmegaConf.select(cfg, "task.corpus")
+    return [r if "corpus" in r or corpus is None else {"corpus": corpus, **r} for r in rows]
+
+
 def evaluate(model: nn.Module, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
     """Perplexity per corpus and length -> out_dir/perplexity.csv (a new file) and flat metrics
     ``ppl_<corpus>_<length>`` and ``eval_time_s``."""
@@ -113,3 +113,14 @@ def evaluate(model: nn.Module, task_cfg: DictConfig, out_dir: Path, title: str) 
         metrics["protocol"] = note
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
+
+
+@register("perplexity")
+class Perplexity(Task):
+    """Sliding-window perplexity by corpus and length; an evaluation task (pipelines.evaluate)."""
+
+    trains = False
+    wandb_tables = {"perplexity.csv": WandbTable("eval/perplexity", prepare=with_corpus)}
+    adopt = staticmethod(adopt)
+    evaluate = staticmethod(evaluate)
+    positions_needed = staticmethod(positions_needed)

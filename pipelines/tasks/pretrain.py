@@ -25,6 +25,8 @@ from pipelines.config_checks import require_int
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_position_range, model_config
 from pipelines.result_files import write_csv
+from pipelines.tasks import register
+from pipelines.tasks.base import Task
 
 if TYPE_CHECKING:  # torch-based; imported where used, after the config checks
     from tape.data.text import TextData, TokenBlockStream
@@ -124,6 +126,31 @@ def heldout_tokens(t: DictConfig) -> np.ndarray:
     return _stream_heldout(t, partial(tok.encode, add_special_tokens=False), tok.bos_token_id)
 
 
+def trained_tokenizer(t: DictConfig) -> str:
+    """The tokenizer of a run with text settings ``t``: the books BPE or task.tokenizer_path."""
+    from pipelines.run_source import run_books
+
+    if t.corpus == "books":
+        return str(run_books(t.data_dir, t.vocab_size, t.heldout_percent).tokenizer_path)
+    return str(t.tokenizer_path)
+
+
+def heldout_files(t: DictConfig, out_dir: Path) -> dict[str, str]:
+    """The held-out token file (uint16) of a run with text settings ``t``; a streamed corpus's
+    held-out tokens are written once into ``out_dir``."""
+    from pipelines.run_source import run_books
+
+    if t.corpus == "books":
+        return {"heldout": str(run_books(t.data_dir, t.vocab_size, t.heldout_percent).tokens_path("books_heldout"))}
+    tokens = heldout_tokens(t)
+    if tokens.max() > np.iinfo(np.uint16).max:
+        raise PipelineConfigError("the run's vocabulary does not fit uint16 token files; "
+                                  "pass +task.corpora.<name>=<token file> and task.token_dtype")
+    path = out_dir / "heldout.bin"
+    tokens.astype(np.uint16).tofile(path)
+    return {"heldout": str(path)}
+
+
 def datamodule(cfg: DictConfig) -> TextDataModule:
     from tape.data.text import TokenBlockStream
     from tape.lightning import TextDataModule
@@ -190,3 +217,19 @@ def _e_movement(model: Any, tokens: Any, seq_len: int, blocks: int = 8) -> dict[
         return {}
     ids = torch.as_tensor(data[: n * seq_len].reshape(n, seq_len)).to(next(model.parameters()).device)
     return e_movement(model, ids)
+
+
+@register("pretrain")
+class Pretrain(Task):
+    """From-scratch language-model pretraining, perplexity by evaluation length."""
+
+    validate = staticmethod(validate)
+    datamodule = staticmethod(datamodule)
+    evaluate = staticmethod(evaluate)
+    positions_needed = staticmethod(positions_needed)
+
+    def trained_tokenizer(self, run_cfg: DictConfig) -> str:
+        return trained_tokenizer(run_cfg.task)
+
+    def heldout_files(self, run_cfg: DictConfig, out_dir: Path) -> dict[str, str]:
+        return heldout_files(run_cfg.task, out_dir)

@@ -24,6 +24,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipelines.errors import PipelineConfigError
 from pipelines.models import model_config
+from pipelines.result_files import Row, read_jsonl_rows
+from pipelines.tasks import register
+from pipelines.tasks.base import Task, WandbTable
 from tape.data.scrolls import (
     SUMMARY_SUFFIX, TASKS, Lengths, ScrollsDataError, get_task, group_references, load_scrolls,
     prompt_ids, training_row,
@@ -213,6 +216,11 @@ def write_scored_predictions(predictions: dict[str, str], refs: dict[str, list[s
                                 "score": score}, ensure_ascii=False) + "\n")
 
 
+def predictions_rows(rows: list[Row], cfg: DictConfig) -> list[Row]:
+    """SCROLLS predictions with their references joined one per line (a table cell is text)."""
+    return [{**r, "references": "\n".join(r["references"])} for r in rows]
+
+
 def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, Any]:
     """Generate on validation -> predictions.json, scores.json, predictions_scored.jsonl; the
     metric for metrics.json."""
@@ -239,3 +247,26 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
 
+
+@register("scrolls")
+class Scrolls(Task):
+    """SCROLLS fine-tuning of a pretrained run, scored generation."""
+
+    wandb_tables = {"predictions_scored.jsonl": WandbTable("eval/predictions", read_jsonl_rows, predictions_rows)}
+    prepare = staticmethod(prepare)
+    initialize = staticmethod(initialize)
+    validate = staticmethod(validate)
+    datamodule = staticmethod(datamodule)
+    evaluate = staticmethod(evaluate)
+
+    def trained_tokenizer(self, run_cfg: DictConfig) -> str:
+        """The pretrained run's tokenizer (fine-tuning keeps it)."""
+        from pipelines.tasks import pretrain
+
+        return pretrain.trained_tokenizer(run_cfg.task.pretrained)
+
+    def heldout_files(self, run_cfg: DictConfig, out_dir: Path) -> dict[str, str]:
+        """The pretrained run's held-out text."""
+        from pipelines.tasks import pretrain
+
+        return pretrain.heldout_files(run_cfg.task.pretrained, out_dir)

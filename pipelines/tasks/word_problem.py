@@ -19,6 +19,8 @@ from omegaconf import DictConfig, open_dict
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_position_range, model_config
 from pipelines.result_files import write_csv
+from pipelines.tasks import register
+from pipelines.tasks.base import Task, WandbTable
 from tape.data.word_problem import GROUPS, Group, eval_set, get_group, model_inputs
 from tape.lightning.word_problem import WordProblemDataModule
 
@@ -111,3 +113,15 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
     write_csv(rows, list(rows[0]), out_dir / "word_problem.csv")
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
+
+
+@register("word_problem")
+class WordProblem(Task):
+    """Group word problems: prefix products by length."""
+
+    wandb_tables = {"word_problem.csv": WandbTable("eval/word_problem")}
+    prepare = staticmethod(prepare)
+    validate = staticmethod(validate)
+    datamodule = staticmethod(datamodule)
+    evaluate = staticmethod(evaluate)
+    positions_needed = staticmethod(positions_needed)

@@ -11,8 +11,8 @@ command.txt, metrics.json (flat, with each stage's wall time), perplexity.csv, p
 tables.md and passkey.png. Trained models live in ``models_dir`` and are reused by later runs
 with identical settings.
 
-Unlike the other tasks this one runs several fits, so it provides ``run(cfg)`` and
-``pipelines.train`` hands it the whole run.
+Unlike the other tasks this one runs several fits, so it sets ``runs_itself`` and
+``pipelines.train`` hands it the whole run (``run(cfg)``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from pipelines.tasks.context_extension.data import check_inputs, describe, load_data
+from pipelines.tasks.context_extension.data import (
+    check_inputs, describe, heldout_files, load_data, trained_tokenizer,
+)
 from pipelines.tasks.context_extension.report import (
     PASSKEY_FIELDS, PPL_FIELDS, passkey_table, perplexity_table, plot_passkey,
 )
@@ -36,6 +38,8 @@ from pipelines import wandb_log
 from pipelines.errors import PipelineConfigError
 from pipelines.result_files import write_csv, write_json_once
 from pipelines.run_dirs import claim_run_dir, is_rank_zero
+from pipelines.tasks import register
+from pipelines.tasks.base import Task
 from tape.hf.io import load_model
 from tape.hf.recipes import RECIPES
 
@@ -201,3 +205,18 @@ def _base_check(cfg: DictConfig, key_rows: list[dict[str, Any]]) -> dict[str, An
                     "extension results measure little", 100 * at_c[0], cfg.model.context,
                     100 * cfg.eval.min_base_passkey)
     return {"base_passkey_at_context": at_c[0], "base_retrieves": ok}
+
+
+@register("context_extension")
+class ContextExtension(Task):
+    """Pretrain (or load) a base Llama, extend its context with each recipe, evaluate them all."""
+
+    runs_itself = True
+    validate = staticmethod(validate)
+    run = staticmethod(run)
+
+    def trained_tokenizer(self, run_cfg: DictConfig) -> str:
+        return trained_tokenizer(run_cfg)
+
+    def heldout_files(self, run_cfg: DictConfig, out_dir: Path) -> dict[str, str]:
+        return heldout_files(run_cfg)

@@ -189,3 +189,22 @@ def mixed_batches(data: ExtensionData, seq_len: int, batch_size: int, passkey_ro
 def describe(data: ExtensionData) -> dict[str, Any]:
     """Sizes for metrics.json."""
     return {"vocab_size": data.vocab_size, **{f"eval_tokens_{k}": int(len(v)) for k, v in data.eval_tokens.items()}}
+
+
+def trained_tokenizer(c: DictConfig) -> str:
+    """The tokenizer of a context-extension run (config ``c``): the books BPE or the base model's."""
+    from pipelines.run_source import run_books
+
+    if c.data.source == "books":
+        return str(run_books(c.data.data_dir, c.data.vocab_size).tokenizer_path)
+    return str(c.model.pretrained_path)
+
+
+def heldout_files(c: DictConfig) -> dict[str, str]:
+    """The evaluation token files of a context-extension run (config ``c``), by corpus."""
+    from pipelines.run_source import run_books
+
+    if c.data.source == "books":
+        books = run_books(c.data.data_dir, c.data.vocab_size)
+        return {str(k): str(books.tokens_path(str(v))) for k, v in c.data.eval_files.items()}
+    return {str(k): str(v) for k, v in c.data.eval_files.items()}
