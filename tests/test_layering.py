@@ -5,6 +5,7 @@ that importing anything inside it runs."""
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ def _imports(tree: ast.AST, here: str, is_package: bool) -> set[str]:
 Graph = dict[str, set[str]]
 
 
+@cache
 def import_graph() -> Graph:
     """module -> the tape modules it runs on import (including the packages above them)."""
     paths = {_module_name(p): p for p in TAPE.rglob("*.py")}
