@@ -81,14 +81,15 @@ def checks(runs_dir: Path) -> list[Check]:
     return out
 
 
-def run_check(check: Check, log_dir: Path) -> Outcome:
-    """Run one step, its output to ``<log_dir>/<n>.log``; a step past its limit fails."""
+def run_check(check: Check, log_dir: Path, limit_s: float | None = None) -> Outcome:
+    """Run one step, its output to ``<log_dir>/<n>.log``; a step past its limit (the check's
+    own, or ``limit_s`` when that is shorter) fails."""
     log = log_dir / f"{len(list(log_dir.glob('*.log'))):02d}.log"
     t0 = time.perf_counter()
     with open(log, "w") as f:
         try:
             code: int | None = subprocess.run(check.argv, stdout=f, stderr=subprocess.STDOUT,
-                                              timeout=check.limit_s).returncode
+                                              timeout=min(check.limit_s, limit_s or check.limit_s)).returncode
         except subprocess.TimeoutExpired:
             code = None
     lines = log.read_text(errors="replace").splitlines()
@@ -260,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", metavar="WORD", help="run only the checks whose name contains WORD")
     p.add_argument("--runs", type=Path, default=Path("runs"))
     p.add_argument("--dry-run", action="store_true", help="list the checks; run nothing")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="start no step after SECONDS and cut the running one there (a short GPU window)")
     p.add_argument("--render", type=Path, metavar="OUT", help="write OUT (results/gpu.md) from --summary")
     p.add_argument("--summary", type=Path, help="a runs/gpu-check/<time> directory (default: the newest)")
     args = p.parse_args(argv)
@@ -289,15 +292,24 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     out_dir.mkdir(parents=True)
-    outcomes = []
+    env, outcomes, t0 = environment(), [], time.perf_counter()
     for check in steps:
-        outcomes.append(run_check(check, out_dir))
+        left = None if args.budget is None else args.budget - (time.perf_counter() - t0)
+        if left is not None and left < 10:
+            print(f"skip {check.name} (--budget {args.budget:.0f} s spent)", flush=True)
+            continue
+        outcomes.append(run_check(check, out_dir, left))
         print(f"{'pass' if outcomes[-1].passed else 'FAIL'} {check.name} ({outcomes[-1].wall_s:.0f} s)", flush=True)
-    summary = {"dir": str(out_dir), "environment": environment(), "outcomes": [asdict(o) for o in outcomes]}
+        write_summary(out_dir, env, outcomes)  # after every step: a cut-off window keeps what ran
+    print(f"summary: {out_dir / 'summary.md'}")
+    return 0 if outcomes and all(o.passed for o in outcomes) and len(outcomes) == len(steps) else 1
+
+
+def write_summary(out_dir: Path, env: dict[str, str], outcomes: list[Outcome]) -> None:
+    """summary.json and summary.md of the steps run so far."""
+    summary = {"dir": str(out_dir), "environment": env, "outcomes": [asdict(o) for o in outcomes]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "summary.md").write_text(summary_md(summary))
-    print(f"summary: {out_dir / 'summary.md'}")
-    return 0 if all(o.passed for o in outcomes) else 1
 
 
 if __name__ == "__main__":
