@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", nargs="?", choices=["model", "llama7b"],
                    help="run one in-process step (used by the checks)")
-    p.add_argument("--only", metavar="WORD", help="run only the checks whose name contains WORD")
+    p.add_argument("--only", metavar="WORD", help="run only the checks whose name contains WORD (or any of WORD,WORD,...)")
     p.add_argument("--runs", type=Path, default=Path("runs"))
     p.add_argument("--dry-run", action="store_true", help="list the checks; run nothing")
     p.add_argument("--budget", type=float, metavar="SECONDS",
@@ -278,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.render} from {summary}")
         return 0
     out_dir = args.runs / "gpu-check" / time.strftime("%Y%m%d-%H%M%S")
-    steps = [c for c in checks(out_dir / "runs") if args.only is None or args.only.lower() in c.name.lower()]
+    words = None if args.only is None else [w.strip().lower() for w in args.only.split(",") if w.strip()]
+    steps = [c for c in checks(out_dir / "runs") if words is None or any(w in c.name.lower() for w in words)]
     if not steps:
         p.error(f"--only {args.only!r} matches no check; --dry-run lists them")
     if args.dry_run:

@@ -37,6 +37,7 @@ class AttentionOp:
     def __call__(self) -> tuple[Tensor, Tensor | None]:
         layer, state = self.layer, self.state
         q, k = layer.rotate(self.q, self.k, state)
+        q, k = q.to(self.v.dtype), k.to(self.v.dtype)  # as the model: rotated in E's float32
         out, extra_out = attend(
             q, k, self.v, extra=layer.extra_values(state), bias=layer.attn_bias(state),
             alibi_slopes=layer.alibi_slopes(), backend=self.backend, fuse=self.fuse,

@@ -320,7 +320,10 @@ def attention_backward(
     # Δ_i = Σ_j P_ij dP_ij = dO_i·O_i + dO_e,i·O_e,i (both value paths), float32 (B, H, Nq).
     delta = (do.float() * o.float()).sum(-1) + (doe.float() * oe.float()).sum(-1)
     dq, dk, dv, de = (torch.empty_like(t) for t in (q, k, v, e))
+    # Full query blocks: compiled for sm_90 (triton 3.6), dK of a one-query decode step in
+    # fp16/bf16 came out wrong (relative error 0.22) with BLOCK_M 16 < BLOCK_N 64.
     meta = _meta(q, k, v, e, block)
+    meta["BLOCK_M"] = meta["BLOCK_N"]
     common = (*_strides(q), *_strides(k), *_strides(v), *_strides(e), *_strides(do), *_strides(doe))
     sizes = (nq, nk, d, v.shape[-1], e.shape[-1], scale)
     interpret = q.device.type == "cpu"
