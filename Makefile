@@ -56,10 +56,10 @@ wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B
 	find runs -type d -name 'offline-run-*' -print0 | xargs -0 -r $(BIN)/wandb sync
 .PHONY: reproduce-table report wandb-sync
 
-gpu-check:  ## Prove the CUDA path on one GPU (kernel, model, every smoke preset, FSDP, benchmark): runs/gpu-check/<time>/; then make gpu-page
+gpu-check:  ## Prove the CUDA path on one GPU (kernel, model, every smoke preset, FSDP, benchmark): results/gpu-check/<time>/; then make gpu-page
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check
 
-gpu-page:  ## Render results/gpu.md from the newest runs/gpu-check/ summary (refused unless it ran on a GPU)
+gpu-page:  ## Render results/gpu.md from every results/gpu-check/ window (refused unless each ran on a GPU)
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check --render results/gpu.md
 .PHONY: gpu-check gpu-page
 

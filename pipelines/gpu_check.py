@@ -1,7 +1,8 @@
 """Prove the CUDA path on one GPU: ``python -m pipelines.gpu_check`` (``make gpu-check``).
 
 Runs, each step in its own process with a time limit, and records verdicts, times and logs in
-``runs/gpu-check/<time>/`` (summary.json, summary.md, one log per step):
+``results/gpu-check/<time>/`` (summary.json, summary.md, one log per step; committed, never
+overwritten), the training runs in ``runs/gpu-check/<time>/runs``:
 
 1. the compiled Triton kernel and the sync-free training step (``pytest -m cuda``);
 2. the TAPE model at the paper's 155M shape, N = 1024, bf16 autocast: Triton kernel vs SDPA vs
@@ -15,11 +16,14 @@ Runs, each step in its own process with a time limit, and records verdicts, time
    minutes can replace their estimates;
 6. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``).
 
-``--only WORD`` runs the steps whose name contains WORD (a short GPU window runs a few at a time).
+``--only WORD[,WORD...]`` runs the steps whose name contains a WORD and ``--budget SECONDS``
+stops starting steps after SECONDS (a short GPU window runs a few at a time; the summary is
+written after every step). ``--commit LABEL`` records the commit the tree was sent at (a device's
+copy of the tree may carry an older .git, seen as ``<old>+dirty``).
 
 ``--dry-run`` lists the steps and runs nothing (a wiring check on any machine); ``--render
-results/gpu.md`` writes the results page from a summary, and refuses a summary that did not run
-on a GPU: nothing GPU-shaped is ever written from a CPU run.
+results/gpu.md`` writes the results page from every window's summary, and refuses a summary
+that did not run on a GPU: nothing GPU-shaped is ever written from a CPU run.
 """
 
 from __future__ import annotations
@@ -148,7 +152,8 @@ LLAMA_7B_LAYERS = dict(vocab_size=32000, n_layers=2, d_model=4096, n_heads=32, d
 def llama7b_check(n: int = 4096, device: str = "cuda", shape: dict | None = None) -> dict[str, float]:
     """TAPE in two layers of Llama-2-7B's shape (head dim 128): a bf16-autocast training step
     with the default backend (the Triton kernel on CUDA) and with SDPA, and an fp32 forward
-    through each; max relative logit errors against SDPA, seconds and peak GiB per step.
+    through each; max relative logit errors against SDPA, seconds (after one untimed warm-up
+    call) and peak GiB per step.
     Raises when the default backend's error exceeds 2e-2 (bf16) or 1e-3 (fp32)."""
     import torch
 
@@ -164,20 +169,21 @@ def llama7b_check(n: int = 4096, device: str = "cuda", shape: dict | None = None
         model = DecoderLM(ModelConfig(**cfg, attn_backend=backend)).to(device)
         model.load_state_dict(base.state_dict())
         for precision in ("bf16", "fp32"):
-            _reset_peak(device)
-            t0 = time.perf_counter()
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                if precision == "bf16":
-                    value = model(ids).logits
-                    value.float().logsumexp(-1).mean().backward()
-                else:
-                    with torch.no_grad():
+            for timed in (False, True):  # the first call compiles kernels and warms cuBLAS: untimed
+                _reset_peak(device)
+                t0 = time.perf_counter()
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    if precision == "bf16":
                         value = model(ids).logits
-            _sync(device)
+                        value.float().logsumexp(-1).mean().backward()
+                    else:
+                        with torch.no_grad():
+                            value = model(ids).logits
+                _sync(device)
+                model.zero_grad(set_to_none=True)
             out[f"{backend}_{precision}_s"] = time.perf_counter() - t0
             out[f"{backend}_{precision}_peak_gib"] = _peak_gib(device)
             logits[f"{backend}_{precision}"] = value.detach().double()
-            model.zero_grad(set_to_none=True)
     for precision, bound in (("bf16", 2e-2), ("fp32", 1e-3)):
         ref, got = logits[f"sdpa_{precision}"], logits[f"auto_{precision}"]
         out[f"auto_vs_sdpa_{precision}"] = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
@@ -207,18 +213,62 @@ def _peak_gib(device: str) -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
 
 
-def summary_md(summary: dict) -> str:
-    """The results page: device and versions, then one row per step."""
-    rows = [f"| {o['name']} | {'pass' if o['passed'] else 'FAIL'} | {o['wall_s']:.0f} s | `{o['log']}` |"
+def _outcome_rows(summary: dict) -> list[str]:
+    return [f"| {o['name']} | {'pass' if o['passed'] else _failure(o)} | {o['wall_s']:.0f} s | `{o['log']}` |"
             for o in summary["outcomes"]]
+
+
+def _failure(outcome: dict) -> str:
+    return "FAIL" if outcome["returncode"] is not None else "cut off (time limit)"
+
+
+def _numbers(summary: dict) -> list[str]:
+    """The JSON line each in-process step (model, llama7b) printed, as a list item."""
+    lines = []
+    for o in summary["outcomes"]:
+        printed = [line for line in o["tail"] if line.startswith("{")]
+        if printed:
+            lines.append(f"- {o['name']}: `{printed[-1]}`")
+    return lines
+
+
+def _window(summary: dict) -> str:
+    """One device window: where it ran, then one row per step."""
     env = summary["environment"]
+    passed = sum(o["passed"] for o in summary["outcomes"])
+    numbers = _numbers(summary)
+    return "\n".join([
+        f"## Window {Path(summary['dir']).name}", "",
+        f"`{summary['dir']}`: commit {env['commit']} on {env['device']} (driver {env['driver']}; "
+        f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}). "
+        f"{passed} of {len(summary['outcomes'])} steps passed.", "",
+        "| check | verdict | wall time | log |", "|---|---|---|---|", *_outcome_rows(summary), "",
+        *(["Numbers printed by the in-process steps:", "", *numbers, ""] if numbers else []),
+    ])
+
+
+def summary_md(summary: dict) -> str:
+    """One window's page (summary.md beside its logs)."""
+    return f"# gpu-check {Path(summary['dir']).name}\n\n" + _window(summary)
+
+
+def page_md(summaries: list[dict]) -> str:
+    """results/gpu.md: the newest verdict of every check, then every window, newest first."""
+    latest: dict[str, tuple[dict, dict]] = {}
+    for summary in sorted(summaries, key=lambda x: Path(x["dir"]).name):
+        for o in summary["outcomes"]:
+            latest[o["name"]] = (summary, o)
+    rows = [f"| {name} | {'pass' if o['passed'] else _failure(o)} | {Path(s['dir']).name} | "
+            f"{s['environment']['commit']} |" for name, (s, o) in latest.items()]
     return "\n".join([
         "# The CUDA path on a GPU", "",
-        f"Rendered by `python -m pipelines.gpu_check --render` from `{summary['dir']}`, a run of "
-        f"`make gpu-check` at commit {env['commit']} on {env['device']} (driver {env['driver']}; "
-        f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}). Never typed by hand.", "",
-        "| check | verdict | wall time | log |", "|---|---|---|---|", *rows, "",
-        f"{sum(o['passed'] for o in summary['outcomes'])} of {len(summary['outcomes'])} checks passed.", ""])
+        "Rendered by `make gpu-page` (`python -m pipelines.gpu_check --render results/gpu.md`) from the "
+        "summaries of `make gpu-check` under `results/gpu-check/`, each from a run on a GPU. "
+        "Never typed by hand.", "",
+        "## Newest verdict of each check", "",
+        "| check | verdict | window | commit |", "|---|---|---|---|", *rows, "",
+        *[_window(s) for s in sorted(summaries, key=lambda x: Path(x["dir"]).name, reverse=True)],
+    ])
 
 
 def environment() -> dict[str, str]:
@@ -244,13 +294,16 @@ def environment() -> dict[str, str]:
             "commit": commit_label(Path(__file__).resolve().parents[1])}
 
 
-def render(summary_dir: Path, out: Path) -> None:
-    """results/gpu.md from a gpu-check summary; a summary made without a GPU is refused."""
-    summary = json.loads((summary_dir / "summary.json").read_text())
-    if summary["environment"].get("gpu") != "True":
-        raise SystemExit(f"{summary_dir}: this gpu-check ran without a GPU ({summary['environment']['device']}); "
-                         f"{out} is written only from a run on a GPU")
-    out.write_text(summary_md(summary))
+def render(summary_dirs: Sequence[Path], out: Path) -> None:
+    """results/gpu.md from gpu-check summaries; any summary made without a GPU is refused."""
+    summaries = [json.loads((d / "summary.json").read_text()) for d in summary_dirs]
+    if not summaries:
+        raise SystemExit(f"no gpu-check summary to render {out} from: run make gpu-check on a GPU first")
+    for d, summary in zip(summary_dirs, summaries):
+        if summary["environment"].get("gpu") != "True":
+            raise SystemExit(f"{d}: this gpu-check ran without a GPU ({summary['environment']['device']}); "
+                             f"{out} is written only from runs on a GPU")
+    out.write_text(page_md(summaries))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -263,8 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="list the checks; run nothing")
     p.add_argument("--budget", type=float, metavar="SECONDS",
                    help="start no step after SECONDS and cut the running one there (a short GPU window)")
-    p.add_argument("--render", type=Path, metavar="OUT", help="write OUT (results/gpu.md) from --summary")
-    p.add_argument("--summary", type=Path, help="a runs/gpu-check/<time> directory (default: the newest)")
+    p.add_argument("--records", type=Path, default=Path("results/gpu-check"),
+                   help="where each window's summary and logs go (<records>/<time>/)")
+    p.add_argument("--commit", help="the commit the tree was sent at (a device's copy may carry an older .git)")
+    p.add_argument("--render", type=Path, metavar="OUT",
+                   help="write OUT (results/gpu.md) from every summary under --records")
     args = p.parse_args(argv)
     if args.step == "model":
         print(json.dumps(model_check()))
@@ -273,13 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(llama7b_check()))
         return 0
     if args.render:
-        summary = args.summary or max((args.runs / "gpu-check").glob("*/summary.json")).parent
-        render(summary, args.render)
-        print(f"wrote {args.render} from {summary}")
+        dirs = sorted(d.parent for d in args.records.glob("*/summary.json"))
+        render(dirs, args.render)
+        print(f"wrote {args.render} from {len(dirs)} summaries under {args.records}")
         return 0
-    out_dir = args.runs / "gpu-check" / time.strftime("%Y%m%d-%H%M%S")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = args.records / stamp
     words = None if args.only is None else [w.strip().lower() for w in args.only.split(",") if w.strip()]
-    steps = [c for c in checks(out_dir / "runs") if words is None or any(w in c.name.lower() for w in words)]
+    steps = [c for c in checks(args.runs / "gpu-check" / stamp / "runs") if words is None or any(w in c.name.lower() for w in words)]
     if not steps:
         p.error(f"--only {args.only!r} matches no check; --dry-run lists them")
     if args.dry_run:
@@ -294,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out_dir.mkdir(parents=True)
     env, outcomes, t0 = environment(), [], time.perf_counter()
+    if args.commit:
+        env["commit"] = f"{args.commit} (git there: {env['commit']})"
     for check in steps:
         left = None if args.budget is None else args.budget - (time.perf_counter() - t0)
         if left is not None and left < 10:

@@ -66,6 +66,17 @@ def test_attention_op_runs_for_every_variant_and_tape_counts_more_flops():
     assert flops["tape_padded"] > flops["tape_concat"]  # the zero-padded QKᵀ is counted at 2d
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_attention_op_runs_in_half_precision_for_every_variant(dtype):
+    """The paper-shape GPU benchmark times bf16 ops: TAPE rotates q, k in E's float32, and they
+    must reach SDPA in v's dtype, as in the model (it crashed on the first H100 run)."""
+    base = ModelConfig(vocab_size=8, n_layers=2, d_model=32, n_heads=4, max_seq_len=16)
+    for v in make_variants(["tape", "rope", "fire", "alibi", "nope"], ["fused", "unfused", "concat", "padded"]):
+        out, _ = build_attention_op(v.config(base), 2, 16, torch.device("cpu"), dtype)()
+        assert out.dtype == dtype and torch.isfinite(out.float()).all(), v.label
+        assert count_flops(build_attention_op(v.config(base), 2, 16, META, dtype)) > 0
+
+
 def test_interleaved_timing_calls_each_variant_warmup_plus_repeats_times():
     calls = {"a": 0, "b": 0}
 

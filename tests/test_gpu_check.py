@@ -29,32 +29,53 @@ def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pyt
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
-    assert gpu_check.main(["--runs", str(tmp_path)]) == 2
-    assert "no CUDA device" in capsys.readouterr().err and not (tmp_path / "gpu-check").exists()
+    assert gpu_check.main(["--runs", str(tmp_path / "runs"), "--records", str(tmp_path / "records")]) == 2
+    assert "no CUDA device" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
-def summary(tmp_path: Path, gpu: bool) -> Path:
-    run = tmp_path / "gpu-check" / "20261126-000000"
+def summary(tmp_path: Path, gpu: bool, stamp: str = "20261126-000000", fsdp_passed: bool = False) -> Path:
+    run = tmp_path / stamp
     run.mkdir(parents=True)
     env = {"device": "NVIDIA H100 80GB HBM3" if gpu else "cpu", "gpu": str(gpu), "driver": "580.1",
            "torch": "2.11.0", "triton": "3.6.0", "cuda": "13.0", "commit": "0123456789ab"}
     outcomes = [{"name": "kernel", "command": "pytest -m cuda", "passed": True, "wall_s": 12.0,
                  "returncode": 0, "log": "00.log", "tail": []},
-                {"name": "fsdp", "command": "train", "passed": False, "wall_s": 30.0,
-                 "returncode": 1, "log": "01.log", "tail": []}]
+                {"name": "fsdp", "command": "train", "passed": fsdp_passed, "wall_s": 30.0,
+                 "returncode": 0 if fsdp_passed else 1, "log": "01.log", "tail": ['{"err": 0.01}']}]
     (run / "summary.json").write_text(json.dumps({"dir": str(run), "environment": env, "outcomes": outcomes}))
     return run
 
 
-def test_the_page_renders_from_a_gpu_run_only(tmp_path: Path) -> None:
+def test_the_page_renders_from_gpu_runs_only(tmp_path: Path) -> None:
     page = tmp_path / "gpu.md"
+    gpu = summary(tmp_path / "records", gpu=True)
     with pytest.raises(SystemExit, match="ran without a GPU"):
-        gpu_check.render(summary(tmp_path / "cpu", gpu=False), page)
+        gpu_check.render([gpu, summary(tmp_path / "cpu", gpu=False)], page)
     assert not page.exists()
-    gpu_check.render(summary(tmp_path / "gpu", gpu=True), page)
+    gpu_check.render([gpu], page)
     text = page.read_text()
     assert "NVIDIA H100 80GB HBM3" in text and "| kernel | pass |" in text and "| fsdp | FAIL |" in text
-    assert "1 of 2 checks passed" in text
+    assert "1 of 2 steps passed" in text and '- fsdp: `{"err": 0.01}`' in text
+
+
+def test_the_page_shows_each_checks_newest_verdict(tmp_path: Path) -> None:
+    """A later window that reruns a failed check replaces its verdict at the top; both windows stay."""
+    records = tmp_path / "records"
+    summary(records, gpu=True)
+    rerun = summary(records, gpu=True, stamp="20261126-010000", fsdp_passed=True) / "summary.json"
+    only_fsdp = json.loads(rerun.read_text())
+    only_fsdp["outcomes"] = only_fsdp["outcomes"][1:]
+    rerun.write_text(json.dumps(only_fsdp))
+    assert gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")]) == 0
+    text = (tmp_path / "gpu.md").read_text()
+    newest = text.split("## Newest verdict of each check")[1].split("## Window")[0]
+    assert "| fsdp | pass | 20261126-010000 |" in newest and "| kernel | pass | 20261126-000000 |" in newest
+    assert text.index("## Window 20261126-010000") < text.index("## Window 20261126-000000")
+
+
+def test_the_page_needs_a_summary(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="make gpu-check on a GPU"):
+        gpu_check.main(["--records", str(tmp_path), "--render", str(tmp_path / "gpu.md")])
 
 
 def test_the_model_check_runs_on_a_cpu_at_a_small_shape() -> None:

@@ -191,6 +191,22 @@ def test_fp32_wide_heads_start_at_a_block_that_fits_a_gpu():
     assert default_block("cpu", torch.float32, 128) == 16  # the interpreter
 
 
+def test_the_backward_of_a_decode_step_uses_full_query_blocks(monkeypatch):
+    """Compiled for an H100, dK of a one-query fp16/bf16 step was wrong with BLOCK_M 16 < BLOCK_N
+    64 (relative error 0.22); the forward keeps its short query block, the backward does not."""
+    import tape.kernels.triton_attention as kernels
+
+    metas: dict[str, dict] = {}
+    monkeypatch.setattr(kernels, "_launch", lambda fn, *args, by="BLOCK_M", **meta: metas.update({fn.__name__: meta}))
+    q, k, v, e = [x.to(torch.bfloat16) for x in _inputs(1, 2, 1, 1, 300, 128, 128, 128)]
+    kernels.attention_forward(q, k, v, e, block=64)
+    assert (metas["_fwd"]["BLOCK_M"], metas["_fwd"]["BLOCK_N"]) == (16, 64)
+    o, oe = q.new_zeros(1, 2, 1, 128), q.new_zeros(1, 2, 1, 128)
+    kernels.attention_backward(q, k, v, e, o, oe, torch.zeros(1, 2, 1), o, oe, block=64)
+    for name in ("_bwd_dkdvde", "_bwd_dq"):
+        assert metas[name]["BLOCK_M"] == metas[name]["BLOCK_N"] == 64, name
+
+
 def test_a_launch_out_of_shared_memory_retries_with_half_the_block(monkeypatch):
     """Compiled launches (faked: no GPU here) that need more shared memory than the device has
     are retried at half the block, and the block that fitted is used first next time."""
