@@ -256,3 +256,81 @@ def test_a_decode_step_takes_a_short_query_block():
                          ids=["decode", "short prefill"])
 def test_query_blocks_shorter_than_key_blocks_match(shape):
     _compare(shape, block=32)  # BLOCK_M 16, BLOCK_N 32
+
+
+# ---------------------------------------------------------------------------- measured launch configs
+class _RecordingKernel:
+    """Stands in for a compiled kernel (no GPU here): records each launch's grid and keywords,
+    and runs out of shared memory above ``limit``."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.launches: list[tuple[tuple[int, int], dict]] = []
+        self.limit = limit
+
+    def __getitem__(self, grid):
+        def run(*args, **meta):
+            self.launches.append((grid, meta))
+            if meta["BLOCK_N"] > self.limit:
+                from triton.runtime.errors import OutOfResources
+                raise OutOfResources(246016, 232448, "shared memory")
+        return run
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    import tape.kernels.triton_attention as kernels
+    from tape.kernels import tuning
+
+    fake = _RecordingKernel()
+    monkeypatch.setattr(kernels, "_kernel", lambda fn, interpret: fake)
+    monkeypatch.setattr(kernels, "_FITTING", {})
+    monkeypatch.setattr(tuning, "TUNED", {("_fwd", "float32", 128): tuning.LaunchConfig(128, 32, 8, 2),
+                                          ("_bwd_dq", "float32", 128): tuning.LaunchConfig(64, 32, 4, 2)})
+    return kernels, tuning, fake
+
+
+META = dict(PREC="ieee", UPCAST=False, BLOCK_M=32, BLOCK_N=32, BLOCK_D=128, BLOCK_DV=128, BLOCK_DE=128)
+
+
+def test_a_tuned_launch_takes_the_measured_config(recorded):
+    kernels, _, fake = recorded
+    kernels._launch(kernels._fwd, 100, 4, False, torch.zeros(1), tuned=True, **META)
+    grid, meta = fake.launches[-1]
+    assert (meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"], meta["num_stages"]) == (128, 32, 8, 2)
+    assert grid == (1, 4)
+    kernels._launch(kernels._fwd, 3, 4, False, torch.zeros(1), tuned=True, **META)  # decode: short query block
+    assert fake.launches[-1][1]["BLOCK_M"] == 16
+    kernels._launch(kernels._bwd_dq, 100, 4, False, torch.zeros(1), tuned=True, **META)
+    assert (fake.launches[-1][1]["BLOCK_M"], fake.launches[-1][1]["BLOCK_N"]) == (32, 32)  # backward: M = N
+
+
+def test_an_explicit_block_or_another_dtype_ignores_the_table(recorded):
+    kernels, _, fake = recorded
+    kernels._launch(kernels._fwd, 100, 4, False, torch.zeros(1), tuned=False, **META)
+    kernels._launch(kernels._fwd, 100, 4, False, torch.zeros(1, dtype=torch.bfloat16), tuned=True, **META)
+    for _, meta in fake.launches:
+        assert (meta["BLOCK_M"], meta["BLOCK_N"]) == (32, 32) and "num_warps" not in meta
+
+
+def test_a_forced_config_runs_as_given_without_fallback(recorded):
+    kernels, tuning, fake = recorded
+    from triton.runtime.errors import OutOfResources
+
+    fake.limit = 32
+    with tuning.forcing("_fwd", tuning.LaunchConfig(64, 64, 4, 3)), pytest.raises(OutOfResources):
+        kernels._launch(kernels._fwd, 100, 4, False, torch.zeros(1), **META)
+    assert len(fake.launches) == 1 and tuning.forced("_fwd") is None
+
+
+def test_the_sweep_reports_every_kernel_at_a_tiny_shape():
+    """The GPU sweep's code on the interpreter (where forcing has no effect: nothing is compiled)."""
+    if INTERPRETER_PROBLEM:
+        pytest.skip(INTERPRETER_PROBLEM)
+    from tape.kernels import autotune, tuning
+
+    one = (tuning.LaunchConfig(16, 16),)
+    out = autotune.sweep(torch.float32, 16, batch=1, heads=1, n=16, device="cpu", forward=one, backward=one)
+    assert set(out) == {"_fwd/float32/16", "_bwd_dkdvde/float32/16", "_bwd_dq/float32/16"}
+    for row in out.values():
+        assert row["best"] == {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 3}
+        assert row["best_ms"] > 0 and row["default_ms"] > 0

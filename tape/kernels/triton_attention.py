@@ -28,6 +28,8 @@ from triton.runtime.errors import OutOfResources
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
+from tape.kernels import tuning
+
 MAX_HEAD_DIM = 128
 MIN_BLOCK = 16
 # Compiled for sm_90 with triton 3.6, fp32 tiles of head dim 128 need 246-312 KB of shared memory
@@ -213,20 +215,37 @@ def _interpreting() -> Iterator[None]:
 _FITTING: dict[tuple, int] = {}  # (kernel, dtype, tile widths) -> the largest block that launched
 
 
-def _launch(fn, rows: int, programs: int, interpret: bool, *args, by: str = "BLOCK_M", **meta) -> None:
-    """Run ``fn`` on a (cdiv(rows, meta[by]), programs) grid. Compiled, a launch that needs more
+def _launch(fn, rows: int, programs: int, interpret: bool, *args, by: str = "BLOCK_M", tuned: bool = False,
+            **meta) -> None:
+    """Run ``fn`` on a (cdiv(rows, meta[by]), programs) grid. Compiled, ``tuned`` launches take
+    the measured configuration of ``tuning.TUNED`` when there is one; a launch that needs more
     shared memory than the device has is retried with half the key block (down to MIN_BLOCK),
-    and the block that fits is remembered for the kernel, dtype and tile widths."""
+    and the block that fits is remembered for the kernel, dtype and tile widths. A
+    configuration forced by ``tuning.forcing`` (the sweep) runs as given, without retries."""
     if interpret:
         with _interpreting():
             _kernel(fn, True)[(triton.cdiv(rows, meta[by]), programs)](*args, **meta)
         return
+    forced = tuning.forced(fn.__name__)
+    chosen = forced or (tuning.config(fn.__name__, args[0].dtype, meta["BLOCK_D"]) if tuned else None)
+    launch = {}
+    if chosen is not None:
+        # Backward kernels keep BLOCK_M = BLOCK_N (see attention_backward); the forward caps its
+        # query block at the query count, as _meta does.
+        short = max(MIN_BLOCK, triton.next_power_of_2(rows))
+        block_m = min(chosen.block_m, short) if fn.__name__ == "_fwd" else chosen.block_n
+        meta = {**meta, "BLOCK_M": block_m, "BLOCK_N": chosen.block_n}
+        launch = dict(num_warps=chosen.num_warps, num_stages=chosen.num_stages)
+    if forced is not None:
+        _kernel(fn, False)[(triton.cdiv(rows, meta[by]), programs)](*args, **meta, **launch)
+        return
     key = (fn.__name__, args[0].dtype, meta["BLOCK_D"], meta["BLOCK_DV"], meta["BLOCK_DE"])
     block = min(meta["BLOCK_N"], _FITTING.get(key, meta["BLOCK_N"]))
+    ratio = max(1, meta["BLOCK_M"] // meta["BLOCK_N"])  # a tuned forward may take more query rows than keys
     while True:
-        sized = {**meta, "BLOCK_M": min(meta["BLOCK_M"], block), "BLOCK_N": block}
+        sized = {**meta, "BLOCK_M": min(meta["BLOCK_M"], block * ratio), "BLOCK_N": block}
         try:
-            _kernel(fn, False)[(triton.cdiv(rows, sized[by]), programs)](*args, **sized)
+            _kernel(fn, False)[(triton.cdiv(rows, sized[by]), programs)](*args, **sized, **launch)
         except OutOfResources:
             if block <= MIN_BLOCK:
                 raise
@@ -301,7 +320,8 @@ def attention_forward(
     meta = _meta(q, k, v, e, block)
     _launch(
         _fwd, nq, b * h, q.device.type == "cpu", q, k, v, e, o, oe, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(e),
-        *_strides(o), *_strides(oe), h, h // hkv, nq, nk, d, v.shape[-1], e.shape[-1], scale, **meta,
+        *_strides(o), *_strides(oe), h, h // hkv, nq, nk, d, v.shape[-1], e.shape[-1], scale,
+        tuned=block is None, **meta,
     )
     return o, oe, lse
 
@@ -329,10 +349,11 @@ def attention_backward(
     interpret = q.device.type == "cpu"
     _launch(
         _bwd_dkdvde, nk, b * hkv, interpret, q, k, v, e, do, doe, lse, delta, dk, dv, de, *common, h, hkv, h // hkv,
-        *sizes, by="BLOCK_N", **meta,
+        *sizes, by="BLOCK_N", tuned=block is None, **meta,
     )
     _launch(
-        _bwd_dq, nq, b * h, interpret, q, k, v, e, do, doe, lse, delta, dq, *common, h, h // hkv, *sizes, **meta,
+        _bwd_dq, nq, b * h, interpret, q, k, v, e, do, doe, lse, delta, dq, *common, h, h // hkv, *sizes,
+        tuned=block is None, **meta,
     )
     return dq, dk, dv, de
 

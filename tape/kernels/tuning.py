@@ -1,0 +1,73 @@
+"""Launch configurations of the Triton attention kernels, measured on a GPU.
+
+``TUNED`` maps (kernel, dtype, head-dim tile) to the configuration ``sweep`` chose on a GPU; it
+is filled from the JSON that ``tape.kernels.autotune.sweep`` prints on a GPU (device and date
+beside each entry), so a GPU without time to autotune launches the measured choice. A kernel
+without an entry starts from ``triton_attention.default_block`` with Triton's default warps and
+stages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+KERNELS = ("_fwd", "_bwd_dkdvde", "_bwd_dq")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Query and key blocks, warps and software-pipeline stages of one launch."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @property
+    def label(self) -> str:
+        return f"m{self.block_m}-n{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+
+# (kernel, dtype, head-dim tile) -> the measured best. Empty until a GPU sweep fills it.
+TUNED: dict[tuple[str, str, int], LaunchConfig] = {}
+
+# What the sweep tries. The backward kernels run with block_m = block_n (a one-query fp16/bf16
+# dK came out wrong on an H100 with a shorter query block), so only their block_n varies.
+FORWARD_CANDIDATES = (
+    LaunchConfig(64, 64, 4, 3), LaunchConfig(128, 64, 8, 3), LaunchConfig(128, 64, 4, 2),
+    LaunchConfig(64, 32, 4, 3), LaunchConfig(128, 32, 8, 2), LaunchConfig(64, 64, 8, 2),
+)
+BACKWARD_CANDIDATES = (
+    LaunchConfig(64, 64, 4, 3), LaunchConfig(64, 64, 8, 2), LaunchConfig(32, 32, 4, 3),
+    LaunchConfig(32, 32, 4, 2), LaunchConfig(64, 64, 8, 3),
+)
+
+_FORCED: dict[str, LaunchConfig] = {}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def config(kernel: str, dtype: torch.dtype, head_dim_tile: int) -> LaunchConfig | None:
+    """The measured configuration for ``kernel`` at this dtype and head-dim tile, if any."""
+    return TUNED.get((kernel, dtype_name(dtype), head_dim_tile))
+
+
+def forced(kernel: str) -> LaunchConfig | None:
+    """The configuration ``forcing`` imposes on ``kernel`` right now, if any."""
+    return _FORCED.get(kernel)
+
+
+@contextlib.contextmanager
+def forcing(kernel: str, cfg: LaunchConfig) -> Iterator[None]:
+    """Launch ``kernel`` with ``cfg`` exactly (no fallback) inside the block: what the sweep times."""
+    _FORCED[kernel] = cfg
+    try:
+        yield
+    finally:
+        del _FORCED[kernel]
