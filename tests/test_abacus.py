@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from pipelines.errors import PipelineConfigError
 from pipelines.train import train
-from tape.data.addition import DIGIT_IDS, EOS, VOCAB_SIZE, AdditionExample, DigitsThenEos, encode
+from tape.data.addition import DIGIT_IDS, EOS, VOCAB_SIZE, AdditionExample, encode
+from tape.metrics.arithmetic import DigitsThenEos
 from tape.model import ConfigError, DecoderLM, ModelConfig
 from tape.model.abacus import AbacusEmbedding, digit_indices
 from tape.model.config import ADDITION_DIGIT_IDS

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
 
-from tape.data.addition import EOS, PLUS, TOKEN_ID, VOCAB_SIZE, decode, encode, solve
+from tape.data.addition import EOS, PLUS, TOKEN_ID, VOCAB_SIZE, decode, encode
+from tape.metrics.arithmetic import solve
 from tape.metrics.arithmetic import evaluate_grid
 from tape.model import DecoderLM, ModelConfig
 

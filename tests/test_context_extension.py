@@ -403,7 +403,7 @@ def test_evaluation_stage_uses_the_passkey_and_perplexity_tasks_protocols():
     BOS first (not the python draws, which give other prompts), LongLoRA's window starts."""
     from pipelines.tasks.context_extension.data import ExtensionData
     from pipelines.tasks.context_extension.stages import evaluate_stage
-    from tape.data.passkey import passkey_accuracy
+    from tape.metrics.passkey import passkey_accuracy
     from tape.metrics.perplexity import sliding_window_perplexity
 
     torch.manual_seed(0)

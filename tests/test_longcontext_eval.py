@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from tape.data.passkey import (
-    FILLER, KEY_LINE, PAPER_FILLER_CHARS, QUESTION, TASK, draw_trial, garbage_chars, passkey_accuracy,
-    passkey_prompt, passkey_trial,
+    FILLER, KEY_LINE, PAPER_FILLER_CHARS, QUESTION, TASK, draw_trial, garbage_chars,
+    passkey_prompt,
 )
+from tape.metrics.passkey import passkey_accuracy, passkey_trial
 from tape.metrics.perplexity import load_token_file, sliding_window_perplexity, window_starts
 
 

@@ -24,7 +24,8 @@ from pipelines.errors import PipelineConfigError
 from pipelines.models import check_model_positions
 from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
-from tape.data.passkey import MAX_KEY, garbage_for_tokens, passkey_accuracy, passkey_prompt
+from tape.data.passkey import MAX_KEY, garbage_for_tokens, passkey_prompt
+from tape.metrics.passkey import passkey_accuracy
 from tape.data.tokenizer import TextTokenizer, load_tokenizer
 
 FIELDS = ["target_tokens", "filler_chars", "n_garbage", "max_tokens", "mean_tokens", "trials", "accuracy"]

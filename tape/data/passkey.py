@@ -24,9 +24,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
-from tape.model.generate import greedy_generate
 
 TASK = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
@@ -76,48 +74,6 @@ def passkey_prompt(n_garbage: int, seed: int, draws: Draws = "python") -> Passke
     prefix, suffix = filler[:prefix_len], filler[: n_garbage - prefix_len]
     text = "\n".join([TASK, prefix, KEY_LINE.format(key=key), suffix, QUESTION])
     return PasskeyPrompt(text=text, key=key, depth=prefix_len / max(n_garbage, 1))
-
-
-@torch.no_grad()
-def passkey_trial(
-    model: nn.Module,
-    encode: Callable[[str], Sequence[int]],
-    prompt: PasskeyPrompt,
-    answer_prefix: str = " ",
-    device: torch.device | str | None = None,
-    bos_id: int | None = None,
-) -> tuple[bool, int]:
-    """Greedy-generate as many tokens as the answer has; correct iff every token matches.
-    ``encode`` maps text to token ids (without special tokens); ``bos_id``, when given, starts
-    the prompt (the official prompts start with BOS); ``answer_prefix`` is what joins the
-    question and the key (a space for our BPE; "" for Llama's tokenizer, whose encoding of the
-    bare key starts with its word marker). Returns (correct, prompt length in tokens with BOS)."""
-    device = device or next(model.parameters()).device
-    ids = torch.tensor([([bos_id] if bos_id is not None else []) + list(encode(prompt.text))], device=device)
-    answer = list(encode(answer_prefix + str(prompt.key)))
-    out = greedy_generate(model, ids, max_new_tokens=len(answer))[0, ids.shape[1]:]
-    return out.tolist() == answer, ids.shape[1]
-
-
-def passkey_accuracy(
-    model: nn.Module,
-    encode: Callable[[str], Sequence[int]],
-    n_garbage: int,
-    trials: int = 20,
-    seed: int = 0,
-    answer_prefix: str = " ",
-    bos_id: int | None = None,
-    draws: Draws = "python",
-) -> dict[str, float]:
-    """Accuracy over ``trials`` prompts (seeds seed .. seed + trials - 1) and their mean length."""
-    results = [passkey_trial(model, encode, passkey_prompt(n_garbage, seed + t, draws), answer_prefix,
-                             bos_id=bos_id)
-               for t in range(trials)]
-    return {
-        "accuracy": sum(ok for ok, _ in results) / trials,
-        "mean_tokens": sum(n for _, n in results) / trials,
-        "trials": trials,
-    }
 
 
 # ---------------------------------------------------------------------------- sizing and training

@@ -21,7 +21,8 @@ from typing import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
-from tape.data.addition import EOS, PAD, AdditionExample, cell_examples
+from tape.data.addition import DIGIT_IDS, EOS, PAD, VOCAB_SIZE, AdditionExample, cell_examples, decode, parse_sum
+from tape.model.generate import greedy_generate
 
 
 @dataclass(frozen=True)
@@ -178,3 +179,40 @@ def merge_grids(*grids: Iterable[Cell]) -> list[Cell]:
                 raise ValueError(f"cell (len_a={c.len_a}, len_b={c.len_b}) appears in two grids")
             merged[(c.len_a, c.len_b)] = c
     return [merged[key] for key in sorted(merged)]
+
+
+class DigitsThenEos:
+    """Greedy choice restricted to what an answer can be: a digit first, then digits or EOS,
+    and EOS after ``max_digits`` digits (for ``greedy_generate``'s ``choose``; batch of one)."""
+
+    def __init__(self, max_digits: int) -> None:
+        self.max_digits, self.step = max_digits, 0
+
+    def __call__(self, logits: Tensor) -> Tensor:  # (B, V) -> (B,)
+        if logits.shape[-1] < VOCAB_SIZE:
+            raise ValueError(f"the model has {logits.shape[-1]} output tokens, fewer than the addition "
+                             f"vocabulary's {VOCAB_SIZE}: it is not an addition model")
+        allowed = list(DIGIT_IDS) if self.step < self.max_digits else []
+        if self.step > 0:
+            allowed.append(EOS)
+        self.step += 1
+        masked = torch.full_like(logits, float("-inf"))
+        masked[:, allowed] = logits[:, allowed]
+        return masked.argmax(-1)
+
+
+@torch.no_grad()
+def solve(model: torch.nn.Module, prompt: str) -> str:
+    """The model's answer to ``prompt`` ("12+34=", normal notation) in normal digit order ("46").
+
+    The model is given the reversed prompt it was trained on ("21+43="); its reversed answer is
+    read back to front. Decoding is greedy over digits and EOS only (at most one digit more than
+    the longer operand), so the answer is always a number, right or wrong."""
+    example = parse_sum(prompt)
+    max_digits = max(example.len_a, example.len_b) + 1  # the longest possible sum
+    device = next(model.parameters()).device
+    ids = torch.tensor([example.prompt_ids()], device=device)  # (1, P)
+    out = greedy_generate(model, ids, max_digits + 1, eos_token_id=EOS, choose=DigitsThenEos(max_digits))
+    new = out[0, ids.shape[1]:].tolist()
+    digits = new[: new.index(EOS)] if EOS in new else new
+    return decode(digits)[::-1]
