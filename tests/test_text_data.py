@@ -120,3 +120,13 @@ def test_spread_blocks_are_disjoint_and_fixed():
     assert blocks.shape == (4, 100)
     assert blocks[:, 0].tolist() == [0, 300, 600, 900]
     assert spread_blocks(tokens, 100, 50).shape == (10, 100)  # no more than there are
+
+
+def test_the_shared_padding_id_is_each_vocabularys_pad(small_bpe):
+    """tape.data.labels.PAD_ID (what the tokens-per-second callback skips) is every padded
+    vocabulary's pad."""
+    from tape.data import addition, flipflop
+    from tape.data.labels import PAD_ID
+
+    assert addition.PAD == flipflop.PAD == PAD_ID
+    assert small_bpe.tokenizer.token_to_id("<pad>") == PAD_ID

@@ -9,7 +9,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from tape.data.addition import PAD
+from tape.data.labels import PAD_ID
 
 
 class TokensPerSecond(Callback):
@@ -17,7 +17,7 @@ class TokensPerSecond(Callback):
     steps (data, forward, backward and optimizer included), times the world size (every rank
     trains on equally sized batches), averaged over ``log_every_n_steps``."""
 
-    def __init__(self, pad_id: int = PAD) -> None:
+    def __init__(self, pad_id: int = PAD_ID) -> None:
         self.pad_id = pad_id
         self._tokens: Tensor | int = 0  # a device tensor between logs: read back once per log
         self._t0: float | None = None
