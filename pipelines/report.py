@@ -13,7 +13,8 @@ run on another machine), or whose runs here lack a PE that runs.csv had numbers 
 unchanged from the previous README, with a note that says why; its tables and figures are left
 as they are and its rows stay in runs.csv. ``make reproduce-table`` renders this way.
 
-Writes results/README.md (every table beside the paper's numbers, with provenance),
+Writes results/README.md (every table beside the paper's numbers, with provenance), the Claims
+section's detail results/claims_detail.md (every comparison, every arm, notes, figures),
 results/tables/*.csv and *.tex, results/figures/*.png and results/runs.csv. See tape/report/.
 """
 

@@ -83,6 +83,25 @@ def test_claims_open_the_readme(rendered: Path) -> None:
     assert text.split("\n## ")[1].startswith("Claims\n")  # the first section
 
 
+def test_the_readme_has_the_claims_table_and_its_legend_the_rest_is_in_claims_detail(rendered: Path) -> None:
+    """Issue 24.5: README.md opens with the Claims table and a three-line legend; every
+    comparison, every arm, the notes and the figures go to claims_detail.md."""
+    claims_part = (rendered / "README.md").read_text().split("\n## ")[1]
+    legend = [line for line in claims_part.split("\n") if line.startswith("- ")]
+    assert len(legend) == 3 and "[claims_detail.md](claims_detail.md)" in legend[2]
+    assert "Provenance: " in legend[2] and "commit(s)" in legend[2]
+    assert "### Claims: the paper's claims, tested at laptop scale" in claims_part
+    for moved in ("Claims: every comparison", "Claims: every arm", "Seeds are planned per claim", "figures/"):
+        assert moved not in claims_part, moved
+    detail = (rendered / "claims_detail.md").read_text()
+    for title in ("## Notes on the Claims table", "## Claims: every comparison (primary first, then secondary)",
+                  "## Claims: every arm over its seeds", "## Figures"):
+        assert title in detail, title
+    assert "Seeds are planned per claim" in detail and "- Provenance: " in detail
+    every = rows(rendered / "tables" / "claims_all.csv")
+    assert every["C2"]["effect Δ [95 % CI]"].replace("|", "\\|") in detail  # the same numbers, moved
+
+
 def test_claim_rows_from_runs(rendered: Path) -> None:
     claims = rows(rendered / "tables" / "claims_all.csv")
     c3 = claims["C3"]  # read error at the training sparsity: mean of 1x and 1.5x the fixture's ood
@@ -256,8 +275,7 @@ def test_seeds_where_an_arm_did_not_learn_the_task_are_left_out_and_named(tmp_pa
 
 
 def test_each_claim_with_runs_gets_a_figure_by_length(rendered: Path) -> None:
-    text = (rendered / "README.md").read_text()
-    claims_part = text.split("\n## ")[1]
+    claims_part = (rendered / "claims_detail.md").read_text()  # the Claims section's figures
     for name in ("claim_c2.png", "claim_c3.png"):
         assert f"figures/{name}" in claims_part
         assert (rendered / "figures" / name).read_bytes()[:4] == b"\x89PNG"
@@ -355,4 +373,4 @@ def test_pretraining_claims_draw_loss_against_training_flops(tmp_path: Path) -> 
             (run / "csv" / "metrics.csv").write_text("step,val/loss\n99,5.0\n199,4.6\n499,4.4\n")
     render(runs, tmp_path / "results")
     assert (tmp_path / "results" / "figures" / "claim_c2_flops.png").read_bytes()[:4] == b"\x89PNG"
-    assert "claim_c2_flops.png" in (tmp_path / "results" / "README.md").read_text()
+    assert "claim_c2_flops.png" in (tmp_path / "results" / "claims_detail.md").read_text()

@@ -184,7 +184,7 @@ def test_a_claim_without_records_is_carried_over_unchanged_and_idempotently(
     never_run = claims_mod.claim_rows(claims_mod.previous_rows(out, "claims"), "C5")[0]
     assert never_run["answer at this scale"].startswith("not run yet")  # no numbers: nothing to carry
     assert any(r["experiment"] == "addition_c1/cpu" for r in csv.DictReader(open(out / "runs.csv")))
-    assert (out / "figures" / "claim_c1.png").is_file() and "figures/claim_c1.png" in (out / "README.md").read_text()
+    assert (out / "figures" / "claim_c1.png").is_file() and "figures/claim_c1.png" in (out / "claims_detail.md").read_text()
     first = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     render(new, out, carry_over=True)  # again: the same bytes, no second "carried over"
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == first

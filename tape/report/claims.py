@@ -1,7 +1,8 @@
 """The Claims section that opens results/README.md: per claim of the paper (conf/claims.yaml),
 the paper's statement and number, our experiment, the paired effect with its interval, n paired
 seeds and the verdict (tape/report/paired.py), and the command that runs it. A claim without
-paired runs says "not run" and shows its command.
+paired runs says "not run" and shows its command. README.md gets the headline table and a
+three-line legend; results/claims_detail.md the notes, every comparison, every arm, the figures.
 
 Arms are found with the same run-finding code as every other section (``find_runs`` and
 ``group_by``: the newest finished run per seed), restricted to one experiment, one PE and the
@@ -20,14 +21,14 @@ import yaml
 
 from tape.paper import paper_number
 from tape.report.claim_figures import claim_figure, flops_figure, validation_curve
-from tape.report.document import Context, Figure, Section
+from tape.report.document import Context, Figure, Section, figure_markdown, files_line
 from tape.report.groups import NOT_RUN, group_by
 from tape.report.paired import (DESCRIBED, MIN_VERDICT_PAIRS, Comparison, MetricSpec, PaperEffect, compare,
                                 decide, needed_pairs, paper_effect_test, successes)
 from tape.report.paper import display
-from tape.report.provenance import provenance_line
+from tape.report.provenance import provenance_brief, provenance_line
 from tape.report.runs import Run
-from tape.report.tables import Table
+from tape.report.tables import Table, to_markdown
 
 CLAIMS_FILE = Path(__file__).resolve().parents[2] / "conf" / "claims.yaml"
 
@@ -453,7 +454,53 @@ def carried_rows(previous: list[dict[str, str]], columns: list[str], mark: str) 
     return rows
 
 
-def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
+DETAIL_FILE = "claims_detail.md"
+
+
+@dataclass
+class ClaimsSection(Section):
+    """The Claims section: README.md gets its headline table (tables[0]) and ``legend``;
+    DETAIL_FILE the headline's notes and provenance, the other tables and the figures."""
+
+    legend: list[str] = field(default_factory=list)
+
+    def to_markdown(self) -> str:
+        """The README part: the headline table without its notes, the legend, its files."""
+        headline = replace(self.tables[0], notes=self.legend, provenance="")
+        return "\n".join([f"## {self.title}", "", to_markdown(headline), files_line(headline)])
+
+    def detail_markdown(self) -> str:
+        """DETAIL_FILE: the headline table's notes and provenance, every other table, the figures."""
+        headline, *rest = self.tables
+        parts = ["# Claims in detail", "",
+                 "The rest of the Claims section of [README.md](README.md), rendered with it from the "
+                 "same runs: the notes of its table (margins, seeds, the paper's effect, each claim's "
+                 "note and command), every comparison, every arm over its seeds, and each claim's figures.",
+                 "", "## Notes on the Claims table", "", *(f"- {note}" for note in headline.notes),
+                 f"- Provenance: {headline.provenance}", ""]
+        for table in rest:
+            parts += [to_markdown(table, heading_level=2), files_line(table)]
+        if self.figures:
+            parts += ["## Figures", "", *(figure_markdown(fig) for fig in self.figures)]
+        return "\n".join(parts)
+
+
+def legend(cfg: ClaimsConfig, runs: list[Run], ctx: Context) -> list[str]:
+    """The three lines under the README's Claims table."""
+    return [
+        "Δ = first arm - second arm over paired seeds (one seed: the same data order and initial "
+        "weights), with its 95 % t interval; a difference counts when the interval excludes 0 and an "
+        f"exact sign-flip test agrees (p < {cfg.alpha:g}; secondary comparisons Holm-corrected); "
+        "*equivalent* when the 90 % interval lies inside ± the metric's margin; else *inconclusive*; "
+        "an exploratory reading is described, without a verdict word.",
+        "The paper's column is **the paper's** statement and numbers, at the paper's scale; every "
+        "other column is ours, at the scale in the experiment's name.",
+        f"Every comparison, every arm over its seeds, each claim's note, command and figures: "
+        f"[{DETAIL_FILE}]({DETAIL_FILE}). Provenance: {provenance_brief(runs, ctx.stamp, ctx.records_link)}.",
+    ]
+
+
+def build(ctx: Context, cfg: ClaimsConfig | None = None) -> ClaimsSection:
     """The Claims section: one row per claim (its primary comparison), then every comparison."""
     cfg = cfg or load_claims()
     results = [evaluate_claim(claim, cfg, ctx.runs) for claim in cfg.claims]
@@ -527,7 +574,7 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> Section:
             figures.append(fig)
         if task == "pretrain" and (flops := flops_figure(ctx, r.claim.id, r.claim.title, arms)) is not None:
             figures.append(flops)
-    return Section(title="Claims", tables=tables, figures=figures)
+    return ClaimsSection(title="Claims", tables=tables, figures=figures, legend=legend(cfg, runs, ctx))
 
 
 def _train_digits(runs: list[Run]) -> int | None:

@@ -3,6 +3,7 @@ context the builders share (the runs, the output folder, the rendering stamp).""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,12 @@ class Context:
     out_dir: Path
     stamp: str  # how this rendering was made (provenance.render_stamp)
     carry_over: bool = False  # keep what the runs here cannot rebuild from the previous render
+    records: Path | None = None  # the folder the runs were read from (linked from provenance lines)
+
+    @property
+    def records_link(self) -> str:
+        """``records`` relative to ``out_dir``, as a link target ("" when unknown)."""
+        return "" if self.records is None else Path(os.path.relpath(self.records, self.out_dir)).as_posix() + "/"
 
     def figure_path(self, name: str) -> tuple[Path, Path]:
         """(absolute, relative to out_dir) path of figures/<name>; creates the folder."""
@@ -55,8 +62,17 @@ class Section:
         parts += [p + "\n" for p in self.paragraphs]
         for table in self.tables:
             parts.append(to_markdown(table))
-            parts.append(f"Files: [`tables/{table.name}.csv`](tables/{table.name}.csv), "
-                         f"[`tables/{table.name}.tex`](tables/{table.name}.tex)\n")
-        for fig in self.figures:
-            parts.append(f"![{fig.caption}]({fig.path.as_posix()})\n\n*{fig.caption}*\n")
+            parts.append(files_line(table))
+        parts += [figure_markdown(fig) for fig in self.figures]
         return "\n".join(parts)
+
+
+def files_line(table: Table) -> str:
+    """The links to a table's CSV and LaTeX files, under its Markdown."""
+    return (f"Files: [`tables/{table.name}.csv`](tables/{table.name}.csv), "
+            f"[`tables/{table.name}.tex`](tables/{table.name}.tex)\n")
+
+
+def figure_markdown(fig: Figure) -> str:
+    """A figure and its caption."""
+    return f"![{fig.caption}]({fig.path.as_posix()})\n\n*{fig.caption}*\n"

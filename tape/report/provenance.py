@@ -70,3 +70,18 @@ def provenance_line(runs: Iterable[Run], stamp: str) -> str:
              f"ran on: {' | '.join(machines)}",
              f"command(s): {shown}{more}" if commands else "command.txt missing", stamp]
     return "; ".join(p for p in parts if p)
+
+
+def provenance_brief(runs: Iterable[Run], stamp: str, records: str = "") -> str:
+    """One short line: the runs, their first .. last commit in launch order, any +dirty ones,
+    a link to ``records`` (the folder they were read from), then ``stamp``."""
+    runs = sorted(runs, key=lambda r: _when(r.started))
+    if not runs:
+        return f"no finished run; {stamp}"
+    commits = list(dict.fromkeys(_short(r.commit) for r in runs))
+    span = commits[0] if len(commits) == 1 else f"{commits[0]} .. {commits[-1]} ({len(commits)} commits)"
+    dirty = sum("+dirty" in r.commit for r in runs)
+    parts = [f"{len(runs)} run(s) at commit(s) {span}",
+             f"**{dirty} of them made at a working tree with uncommitted changes (+dirty)**" if dirty else "",
+             f"records: [{records}]({records})" if records else "", stamp]
+    return "; ".join(p for p in parts if p)

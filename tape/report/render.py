@@ -1,5 +1,6 @@
 """Render the whole report: read the run directories, build every section, write
-``<out>/README.md``, ``<out>/runs.csv``, ``<out>/tables/*.{csv,tex}`` and ``<out>/figures/*.png``.
+``<out>/README.md``, ``<out>/claims_detail.md`` (the Claims section's detail), ``<out>/runs.csv``,
+``<out>/tables/*.{csv,tex}`` and ``<out>/figures/*.png``.
 
 Only the files named above are written (and rewritten on every render); anything else in the
 output folder, such as the benchmark's efficiency.md / efficiency.json, is left as it is.
@@ -212,12 +213,13 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
         raise WouldLoseResults("; ".join(problems))
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = render_stamp()
-    ctx = Context(runs=runs, out_dir=out_dir, stamp=stamp, carry_over=carry_over)
+    ctx = Context(runs=runs, out_dir=out_dir, stamp=stamp, carry_over=carry_over, records=runs_dir)
     kept: dict[str, Section] = {c.section.title: c.section for c in carried if c.section is not None}
     sections = [kept[title] if (title := exp.title.format(scale=scale)) in kept else exp.build(ctx, scale)
                 for scale in chosen for exp in EXPERIMENTS]
     sections.append(efficiency.build(ctx))
-    sections.insert(0, claims.build(ctx))  # issue 15: the Claims section opens the report
+    claims_section = claims.build(ctx)
+    sections.insert(0, claims_section)  # issue 15: the Claims section opens the report
     written: list[Path] = []
     inventory = summary_table(runs, chosen, stamp)
     if carried:
@@ -253,6 +255,7 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
         *(s.to_markdown() for s in sections[1:]),
     ]
     _write(out_dir / "README.md", "\n".join(readme), written)
+    _write(out_dir / claims.DETAIL_FILE, claims_section.detail_markdown(), written)
     return Rendered(files=written, sections=sections)
 
 
