@@ -253,3 +253,15 @@ def test_smoke_run_end_to_end(make_cfg) -> None:
     again = evaluate(ecfg)
     assert {k: v for k, v in again.items() if "accuracy_" in k} == {
         k: v for k, v in saved.items() if "accuracy_" in k}
+
+
+def test_prepare_gives_tokens_per_second_the_groups_pad_id():
+    """Element 0 is the identity: throughput must not skip it as padding."""
+    from omegaconf import OmegaConf
+
+    from pipelines.tasks.word_problem import prepare
+
+    cfg = OmegaConf.create({"task": {"group": "s3", "vocab_size": None},
+                            "callbacks": {"tokens_per_second": {"_target_": "tape.lightning.TokensPerSecond"}}})
+    prepare(cfg)
+    assert cfg.task.vocab_size == 8 and cfg.callbacks.tokens_per_second.pad_id == 6

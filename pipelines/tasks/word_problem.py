@@ -32,10 +32,16 @@ def _group(t: DictConfig) -> Group:
 
 
 def prepare(cfg: DictConfig) -> None:
-    """Fill ``task.vocab_size: null`` with the group's vocabulary (elements, <pad>, <bos>)."""
-    if cfg.task.get("vocab_size") is None and cfg.task.group in GROUPS:
-        with open_dict(cfg):
-            cfg.task.vocab_size = get_group(str(cfg.task.group)).vocab_size
+    """Fill ``task.vocab_size: null`` with the group's vocabulary (elements, <pad>, <bos>), and
+    tell the tokens-per-second callback the group's pad id (element 0 is the identity, not pad)."""
+    if cfg.task.group not in GROUPS:
+        return
+    group = get_group(str(cfg.task.group))
+    with open_dict(cfg):
+        if cfg.task.get("vocab_size") is None:
+            cfg.task.vocab_size = group.vocab_size
+        if cfg.get("callbacks") and cfg.callbacks.get("tokens_per_second"):
+            cfg.callbacks.tokens_per_second.pad_id = group.pad
 
 
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
