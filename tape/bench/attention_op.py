@@ -39,18 +39,26 @@ class AttentionOp:
         q, k = layer.rotate(self.q, self.k, state)
         q, k = q.to(self.v.dtype), k.to(self.v.dtype)  # as the model: rotated in E's float32
         out, extra_out = attend(
-            q, k, self.v, extra=layer.extra_values(state), bias=layer.attn_bias(state),
+            q, k, self.v, extra=layer.extra_values(state), bias=self.bias(q, k),
             alibi_slopes=layer.alibi_slopes(), backend=self.backend, fuse=self.fuse,
         )  # (B, H, N, d), (B, H, N, d) or None
         state = layer.after_attention(state, extra_out)
         state = layer.after_mlp(state, self.m)
         return out, state.rot
 
+    def bias(self, q: Tensor, k: Tensor) -> Tensor | None:
+        """The PE's attention bias, plus its score-dependent part (CoPE's), as the decoder adds them."""
+        bias = self.layer.attn_bias(self.state)
+        score_bias = self.layer.score_bias(q, k, self.state, None)
+        if score_bias is not None:
+            bias = score_bias if bias is None else bias + score_bias
+        return bias
+
     def resolved_backend(self) -> str:
         """The backend this op's call resolves to, with TAPE's value layout: "sdpa padded"."""
         extra = self.layer.extra_values(self.state)
         plan = plan_attention(self.backend, self.fuse, self.q, self.k, extra, None,
-                              self.layer.attn_bias(self.state), self.layer.alibi_slopes() is not None)
+                              self.bias(self.q, self.k), self.layer.alibi_slopes() is not None)
         return plan.backend if plan.values == "single" else f"{plan.backend} {plan.values}"
 
 

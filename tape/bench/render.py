@@ -247,7 +247,9 @@ def default_notes(res: dict[str, Any]) -> list[str]:
         "**Attention operator (a).** Timed: one layer's work between the q/k/v projections and the "
         "output projection, plus the PE's own per-layer updates, through the same hooks the decoder "
         "calls (`tape/bench/attention_op.py`). RoPE, xPos, RandPE: rotate q and k, then attention. "
-        "FIRE, T5, ALiBi: compute the (B, H, N, N) bias, then attention with a float mask. NoPE: "
+        "FIRE, T5, ALiBi: compute the (B, H, N, N) bias, then attention with a float mask. CoPE: "
+        "the (B, H, N, N) score matrix for its gates, the counted positions and the interpolated "
+        "table logits (a bias of that size), then attention with a float mask. NoPE: "
         "attention. TAPE: rotate with E, attention with E as extra values (one call or two: "
         "the variants and the kernel note), the post-attention head map on A·E and the token-gated "
         "PE-MLP (one He x He matrix per token). Projections, the SwiGLU MLP and the once-per-forward position tables "
@@ -298,7 +300,7 @@ def default_notes(res: dict[str, Any]) -> list[str]:
             "**CUDA attention kernels.** `backend=auto` gives TAPE fused the Triton [V | E] kernel "
             "(one QKᵀ) when triton is installed, TAPE unfused one FlashAttention-2 call per value "
             "tensor with flash-attn (else two SDPA calls), and concat / padded one SDPA call. FIRE and T5 always run SDPA with a "
-            "materialised float bias, as in the paper.")
+            "materialised float bias, as in the paper; so does CoPE, whose gates need the scores.")
     else:
         notes.append(
             "**Memory (CPU).** torch has no CPU allocator statistics, so two labelled measures: "

@@ -101,8 +101,12 @@ def attention_forward(
     extra = pe.extra_values(state)  # (B, Hkv, N, de) for TAPE, else None
     if cache is not None:
         k, v, extra = cache.update(layer_idx, k, v, extra)
+    bias = pe.attn_bias(state)
+    score_bias = pe.score_bias(q, k, state, mask)  # CoPE: needs q and every (cached) key
+    if score_bias is not None:
+        bias = score_bias if bias is None else bias + score_bias
     out, extra_out = attend(
-        q, k, v, extra=extra, mask=mask, bias=pe.attn_bias(state),
+        q, k, v, extra=extra, mask=mask, bias=bias,
         alibi_slopes=pe.alibi_slopes(), backend=backend, fuse=fuse,
     )
     out = out.transpose(1, 2).reshape(b, n, n_heads * head_dim)

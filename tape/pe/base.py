@@ -51,6 +51,12 @@ class LayerPE(nn.Module):
         """Additive attention logits, (B or 1, H, N, T) float32, or None."""
         return None
 
+    def score_bias(self, q: Tensor, k: Tensor, state: PositionState, mask: Tensor | None) -> Tensor | None:
+        """Additive logits that depend on the scores (CoPE), (B, H, N, T) float32, or None.
+        Called after the cache update: q (B, H, N, d), k (B, Hkv, T, d) every key, and mask the
+        attention mask (B or 1, 1, N, T) bool (True = may attend), None for plain causal."""
+        return None
+
     def alibi_slopes(self) -> Tensor | None:
         """(H,) float32 slopes when the bias is ALiBi (lets flash-attn apply it in-kernel)."""
         return None
