@@ -4,7 +4,8 @@ Per layer it keeps the (already rotated) keys, the values and, for TAPE, that la
 past tokens: E rows are causal functions of the prefix, so a new token needs only its own E at
 layer 0 and the cached rows as extra values. Decoding one token then costs O(N), not the O(N^2)
 of recomputing the prefix (the official TAPE code had no cache at all, tape-spec A.8).
-Model-wide it keeps every key's position (for relative-bias PEs) and padding flag.
+Model-wide it keeps every key's position (for relative-bias PEs) and padding flag; per layer,
+rows a PE keeps per key for its bias (FoX's cumulative log forget gates).
 """
 
 from __future__ import annotations
@@ -31,10 +32,15 @@ class KVCache:
     key_pos: Tensor | None = None  # (B, T) int64
     key_valid: Tensor | None = None  # (B, T) bool, False for padding
     digit_run: Tensor | None = None  # (B,) Abacus: digits that end the cached tokens (abacus.py)
+    pe_rows: list[Tensor | None] = field(default_factory=list)
+    """Per layer, what a PE keeps per key for its bias, keys on the last axis (FoX: its (B, H, T)
+    cumulative log forget gates); written by the PE's ``before_attention``."""
 
     def __post_init__(self) -> None:
         if not self.layers:
             self.layers = [None] * self.n_layers
+        if not self.pe_rows:
+            self.pe_rows = [None] * self.n_layers
 
     @property
     def length(self) -> int:

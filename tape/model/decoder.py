@@ -93,6 +93,7 @@ def attention_forward(
     heads = (n_heads, n_kv_heads, head_dim). Returns (output (B, N, C), A·extra or None)."""
     n_heads, n_kv_heads, head_dim = heads
     b, n, _ = x.shape
+    state = pe.before_attention(state, x, cache, layer_idx)  # FoX: this layer's forget gates
     q = attn.q_proj(x).view(b, n, n_heads, head_dim).transpose(1, 2)  # (B, H, N, d)
     k = attn.k_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, N, d)
     v = attn.v_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)

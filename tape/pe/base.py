@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
+    from tape.model.cache import KVCache
     from tape.model.config import ModelConfig
 
 
@@ -42,6 +43,14 @@ class PositionState:
 
 class LayerPE(nn.Module):
     """Per-layer part of a PE. The default is a no-op at every hook (NoPE)."""
+
+    def before_attention(
+        self, state: PositionState, x: Tensor, cache: "KVCache | None", layer_idx: int
+    ) -> PositionState:
+        """Update the state from the layer's attention input x (B, N, C), the normed hidden
+        state, before q/k/v (FoX's forget gates). A PE that keeps per-key rows for its bias
+        across calls stores them in ``cache.pe_rows[layer_idx]`` (None: no cache)."""
+        return state
 
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
         """q: (B, H, N, d), k: (B, Hkv, N, d) for the current tokens -> rotated q, k."""
@@ -131,6 +140,8 @@ class PositionalEncoding(nn.Module):
     """True when logits depend only on position differences (shift-invariant)."""
     materialises_bias: ClassVar[bool] = False
     """True when attention needs a (B, H, N, T) float32 bias tensor (memory grows as N²)."""
+    reads_positions: ClassVar[bool] = True
+    """False when the PE never reads position ids (NoPE; CoPE and FoX count from content)."""
 
     def __init__(self, cfg: "ModelConfig", opts: PEOptions | None = None) -> None:
         super().__init__()

@@ -109,6 +109,7 @@ class CoPE(PositionalEncoding):
     """Options: ``cope_npos`` (table size; null = max_seq_len + 1)."""
 
     display = "CoPE"
+    reads_positions = False
     Options = CoPEOptions
     materialises_bias = True  # the gates need the full (B, H, Nq, Nk) score matrix
 

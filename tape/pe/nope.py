@@ -11,3 +11,4 @@ class NoPE(PositionalEncoding):
     """No parameters, no options."""
 
     display = "NoPE"
+    reads_positions = False
