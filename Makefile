@@ -56,7 +56,7 @@ wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B
 	find runs -type d -name 'offline-run-*' -print0 | xargs -0 -r $(BIN)/wandb sync
 .PHONY: reproduce-table report wandb-sync
 
-gpu-check:  ## Prove the CUDA path on one GPU (kernel, model, every smoke preset, FSDP, benchmark): results/gpu-check/<time>/; then make gpu-page
+gpu-check:  ## Prove the CUDA path on one GPU (encodings, kernel, model, smoke presets, FSDP, resume, throughput, benchmark): results/gpu-check/<time>/; then make gpu-page
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check
 
 gpu-page:  ## Render results/gpu.md from every results/gpu-check/ window (refused unless each ran on a GPU)

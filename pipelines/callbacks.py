@@ -86,3 +86,18 @@ class ProgressLog(Callback):
                  f"{float(loss):.4f}" if loss is not None else "-",
                  f"{float(tokens):.0f}" if tokens is not None else "-",
                  time.strftime("%H:%M:%S", time.gmtime(left)) if left == left else "-")
+
+
+class InterruptAt(Callback):
+    """A Ctrl-C at the start of optimizer step ``step`` (after the checkpoints before it): the run
+    stops unfinished, as a killed one, so that ``ckpt_path=last`` can be proven on any device
+    (``make gpu-check``: ``+callbacks.interrupt._target_=pipelines.callbacks.InterruptAt
+    +callbacks.interrupt.step=4``)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt(f"InterruptAt: step {self.step}")

@@ -4,17 +4,23 @@ Runs, each step in its own process with a time limit, and records verdicts, time
 ``results/gpu-check/<time>/`` (summary.json, summary.md, one log per step; committed, never
 overwritten), the training runs in ``runs/gpu-check/<time>/runs``:
 
-1. the compiled Triton kernel and the sync-free training step (``pytest -m cuda``);
-2. the TAPE model at the paper's 155M shape, N = 1024, bf16 autocast: Triton kernel vs SDPA vs
+1. every encoding's bf16 training step, cached generation and ``add_tape`` on CUDA
+   (``pytest -m cuda tests/test_cuda_paths.py``);
+2. the compiled Triton kernel and the sync-free training step (the other ``pytest -m cuda`` tests);
+3. the TAPE model at the paper's 155M shape, N = 1024, bf16 autocast: Triton kernel vs SDPA vs
    float64 logits and gradients (``python -m pipelines.gpu_check model``);
-3. ``pipelines.train`` on CUDA: every experiment's smoke preset with bf16-mixed, and FSDP on one
+4. ``pipelines.train`` on CUDA: every experiment's smoke preset with bf16-mixed, and FSDP on one
    GPU with gradient clipping on;
-4. TAPE at Llama-2-7B's layer shape (head dim 128), N = 4096: bf16 autocast training step with
+5. addition/smoke interrupted, resumed with ``ckpt_path=last`` and evaluated with
+   ``pipelines.evaluate device=cuda``, each by its command line (``python -m pipelines.gpu_check resume``);
+6. TAPE at Llama-2-7B's layer shape (head dim 128), N = 4096: bf16 autocast training step with
    the default backend against SDPA, and an fp32 forward (context extension's frozen dtype)
    through the kernel, with times and peak memory (``python -m pipelines.gpu_check llama7b``);
-5. 50 steps of each GPU claim preset (``experiment=<claim>/gpu``), timed, so the GPU profile's
+7. throughput dry runs of every paper preset on random weights: step time, tokens/s, peak memory,
+   projected hours (``python -m pipelines.gpu_check throughput``; pipelines/throughput.py);
+8. 50 steps of each GPU claim preset (``experiment=<claim>/gpu``), timed, so the GPU profile's
    minutes can replace their estimates;
-6. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``).
+9. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``).
 
 ``--only WORD[,WORD...]`` runs the steps whose name contains a WORD and ``--budget SECONDS``
 stops starting steps after SECONDS (a short GPU window runs a few at a time; the summary is
@@ -36,12 +42,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
 GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu")
 TIMED_STEPS = 50
 GPU = ("trainer=gpu", "logger=csv")
+PATHS_TESTS = "tests/test_cuda_paths.py"
 
 
 @dataclass(frozen=True)
@@ -67,7 +74,10 @@ class Outcome:
 def checks(runs_dir: Path) -> list[Check]:
     """Every step, in the order it runs (the cheapest proofs first)."""
     py = (sys.executable,)
-    out = [Check("kernel and training step (pytest -m cuda)", (*py, "-m", "pytest", "-q", "-m", "cuda", "tests"), 240),
+    out = [Check("every encoding, cached decoding, add_tape on CUDA (pytest -m cuda tests/test_cuda_paths.py)",
+                 (*py, "-m", "pytest", "-q", "-m", "cuda", PATHS_TESTS), 180),
+           Check("kernel and training step (pytest -m cuda)",
+                 (*py, "-m", "pytest", "-q", "-m", "cuda", "tests", f"--ignore={PATHS_TESTS}"), 240),
            Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120)]
     for exp in SMOKE_EXPERIMENTS:
         out.append(Check(f"train {exp}/smoke, bf16-mixed", (*py, "-m", "pipelines.train", f"experiment={exp}/smoke",
@@ -75,7 +85,11 @@ def checks(runs_dir: Path) -> list[Check]:
     out.append(Check("train addition/smoke, FSDP on one GPU, clipping on",
                      (*py, "-m", "pipelines.train", "experiment=addition/smoke", "trainer=fsdp",
                       "trainer.devices=1", "logger=csv", "trainer.gradient_clip_val=0.5", f"paths.runs_dir={runs_dir}"), 180))
+    out.append(Check("train, interrupt, resume, evaluate addition/smoke on CUDA",
+                     (*py, "-m", "pipelines.gpu_check", "resume", "--runs", str(runs_dir / "resume")), 240))
     out.append(Check("TAPE at Llama-2-7B layer shape, N=4096", (*py, "-m", "pipelines.gpu_check", "llama7b"), 240))
+    out.append(Check("throughput of the paper presets, random weights",
+                     (*py, "-m", "pipelines.gpu_check", "throughput"), 480))
     for preset in GPU_PRESETS:
         out.append(Check(f"time {TIMED_STEPS} steps of {preset}", (
             *py, "-m", "pipelines.train", f"experiment={preset}", "logger=csv", f"trainer.max_steps={TIMED_STEPS}",
@@ -193,6 +207,51 @@ def llama7b_check(n: int = 4096, device: str = "cuda", shape: dict | None = None
     return out
 
 
+ADDITION_SMOKE = ("experiment=addition/smoke", "logger=csv", "callbacks.rich_progress_bar=null")
+SUMMARY_KEYS = ("mean_accuracy", "in_distribution_accuracy", "ood_accuracy")
+
+
+def resume_check(runs_dir: Path, device: str = "cuda", interrupt_at: int = 4) -> dict[str, Any]:
+    """``experiment=addition/smoke`` through its command lines on ``device``: trained until a
+    Ctrl-C at step ``interrupt_at`` (pipelines.callbacks.InterruptAt; the preset checkpoints every
+    3 steps, so last.ckpt holds step 3), resumed with ``ckpt_path=last`` to its 6 steps, then
+    re-evaluated by ``pipelines.evaluate device=<device>``. Seconds of each leg, the checkpoint's
+    step and both evaluations' accuracies; raises when a leg does not end as it should."""
+    from pipelines.checkpoints import read_checkpoint_step
+
+    py, out = sys.executable, {}
+    train = (py, "-m", "pipelines.train", *ADDITION_SMOKE, f"trainer={'gpu' if device == 'cuda' else 'cpu'}",
+             f"paths.runs_dir={runs_dir}")
+
+    def leg(name: str, argv: Sequence[str], ok: bool = True) -> None:
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        out[f"{name}_s"] = round(time.perf_counter() - t0, 1)
+        if (done.returncode == 0) != ok:
+            raise AssertionError(f"{name}: `{shlex.join(argv)}` exited {done.returncode}\n"
+                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+    leg("interrupted", (*train, "+callbacks.interrupt._target_=pipelines.callbacks.InterruptAt",
+                        f"+callbacks.interrupt.step={interrupt_at}"), ok=False)
+    runs = sorted(runs_dir.glob("addition/smoke/*/*/*/checkpoints/last.ckpt"))
+    if len(runs) != 1 or (runs[0].parents[1] / "metrics.json").exists():
+        raise AssertionError(f"expected one unfinished run with checkpoints/last.ckpt, found {runs}")
+    killed = runs[0]
+    out["checkpoint_step"] = read_checkpoint_step(killed)
+    leg("resumed", (*train, "ckpt_path=last"))
+    finished = [p.parent for p in runs_dir.glob("addition/smoke/*/*/*/metrics.json")]
+    metrics = json.loads(finished[0].joinpath("metrics.json").read_text()) if len(finished) == 1 else {}
+    if metrics.get("resumed_from") != str(killed) or metrics.get("steps") != 6:
+        raise AssertionError(f"the resumed run did not continue {killed} to step 6: {finished} {metrics}")
+    leg("evaluated", (py, "-m", "pipelines.evaluate", f"run_dir={finished[0]}", f"device={device}"))
+    again = [json.loads(p.read_text()) for p in finished[0].glob("eval/*/metrics.json")]
+    if len(again) != 1:
+        raise AssertionError(f"pipelines.evaluate wrote {len(again)} metrics.json under {finished[0] / 'eval'}")
+    for key in SUMMARY_KEYS:
+        out[f"run_{key}"], out[f"eval_{key}"] = metrics[key], again[0][key]
+    return out
+
+
 def _sync(device: str) -> None:
     import torch
 
@@ -223,7 +282,8 @@ def _failure(outcome: dict) -> str:
 
 
 def _numbers(summary: dict) -> list[str]:
-    """The JSON line each in-process step (model, llama7b) printed, as a list item."""
+    """The JSON line each in-process step (model, resume, llama7b, throughput) printed last, as a
+    list item."""
     lines = []
     for o in summary["outcomes"]:
         printed = [line for line in o["tail"] if line.startswith("{")]
@@ -309,8 +369,8 @@ def render(summary_dirs: Sequence[Path], out: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", nargs="?", choices=["model", "llama7b"],
-                   help="run one in-process step (used by the checks)")
+    p.add_argument("step", nargs="?", choices=["model", "llama7b", "resume", "throughput"],
+                   help="run one in-process step (used by the checks; resume's runs go to --runs)")
     p.add_argument("--only", metavar="WORD", help="run only the checks whose name contains WORD (or any of WORD,WORD,...)")
     p.add_argument("--runs", type=Path, default=Path("runs"))
     p.add_argument("--dry-run", action="store_true", help="list the checks; run nothing")
@@ -327,6 +387,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.step == "llama7b":
         print(json.dumps(llama7b_check()))
+        return 0
+    if args.step == "resume":
+        print(json.dumps(resume_check(args.runs)))
+        return 0
+    if args.step == "throughput":
+        from pipelines.throughput import throughput
+
+        throughput(echo=True)  # one JSON line after each preset: the last holds them all
         return 0
     if args.render:
         dirs = sorted(d.parent for d in args.records.glob("*/summary.json"))

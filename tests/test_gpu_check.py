@@ -21,6 +21,10 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
     assert "pipelines.benchmark device=cuda scale=paper" in out and "pipelines.gpu_check llama7b" in out
     for preset in gpu_check.GPU_PRESETS:
         assert f"experiment={preset} logger=csv trainer.max_steps=50" in out
+    assert "pipelines.gpu_check resume --runs" in out and "pipelines.gpu_check throughput" in out
+    lines = out.splitlines()  # the cheapest proofs first; the kernel tests are not run twice
+    assert "pytest -q -m cuda tests/test_cuda_paths.py" in lines[0]
+    assert "--ignore=tests/test_cuda_paths.py" in lines[1]
 
 
 def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -101,3 +105,35 @@ def test_only_picks_checks_by_name(capsys: pytest.CaptureFixture) -> None:
     assert len(lines) == 1 and "pipelines.gpu_check llama7b" in lines[0]
     with pytest.raises(SystemExit):
         gpu_check.main(["--dry-run", "--only", "no such check"])
+
+
+@pytest.mark.slow
+def test_the_resume_check_runs_on_a_cpu(tmp_path: Path) -> None:
+    """Its three command lines on the CPU: interrupted at step 4 (last.ckpt at step 3), resumed
+    to step 6, then evaluated again; both evaluations of the same weights agree."""
+    out = gpu_check.resume_check(tmp_path / "runs", device="cpu")
+    assert out["checkpoint_step"] == 3 and {"interrupted_s", "resumed_s", "evaluated_s"} <= set(out)
+    for key in gpu_check.SUMMARY_KEYS:
+        assert out[f"eval_{key}"] == out[f"run_{key}"]
+
+
+@pytest.mark.slow
+def test_throughput_runs_every_paper_preset_on_a_cpu_at_a_tiny_shape(capsys: pytest.CaptureFixture) -> None:
+    from pipelines.throughput import RECIPES, paper_presets, throughput
+
+    tiny = ("model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "task.batch_size=2",
+            "task.seq_len=16")
+    llama = dict(vocab_size=64, hidden_size=64, intermediate_size=96, num_heads=2, num_kv_heads=2)
+    out = throughput("cpu", steps=1, warmup=1, layers=2, llama=llama, decoder_overrides=tiny,
+                     extension_overrides=("model.context=32", "extend.context=64"), echo=True)
+    presets = [p for p in paper_presets() if p != "context_extension/paper"]
+    assert {"addition/paper", "pretrain/paper", "scrolls/paper"} <= set(presets)
+    assert set(out) == {*presets, *(f"context_extension/paper:{r}" for r in RECIPES)}
+    pretrain = out["pretrain/paper"]  # 16 micro-batches of 2 x 16 tokens a step, 10k steps
+    assert pretrain["tokens_per_step"] == 16 * 32 and pretrain["steps"] == 10000
+    assert pretrain["hours"] == pytest.approx(pretrain["step_s"] * 10000 / 3600)
+    tape = out["context_extension/paper:tape"]  # 2 layers timed, projected to 32; 64 rows of 64 a step
+    assert tape["step_s"] == pytest.approx(tape["measured_call_s"] * 16 * 64)
+    assert tape["tokens_per_step"] == 64 * 64 and tape["steps"] == 1000
+    last = capsys.readouterr().out.strip().splitlines()[-1]  # the line the results page shows
+    assert set(json.loads(last)) == set(out)

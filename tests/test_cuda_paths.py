@@ -1,0 +1,75 @@
+"""The model's paths on the device they run on: every registered encoding's training step under
+bf16 autocast with finite gradients, cached generation equal to recomputation (fp32), and
+``tape.hf.add_tape`` as the identity at initialisation. Each test runs on the CPU (cheap, tiny
+shapes) and, marked ``cuda``, on a GPU (``make gpu-check``: its first step); on CUDA the TAPE
+calls go through the compiled Triton kernel (prefill and one-query decode)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tape.pe
+from model_helpers import tiny_model
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("pe", tape.pe.names())
+def test_bf16_autocast_training_step_has_finite_gradients(pe: str, device: str) -> None:
+    model = tiny_model(pe, n_kv_heads=2).to(device).train()
+    ids = torch.randint(0, 37, (2, 24), generator=torch.Generator().manual_seed(0)).to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        logits = model(ids).logits
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize("pe", tape.pe.names())
+def test_cached_generation_equals_recomputation(pe: str, device: str) -> None:
+    """fp32; on CUDA the cached steps (one-query decode kernel) and the full recomputation
+    (prefill kernel) sum in different orders, hence the looser bound there."""
+    tol = 1e-5 if device == "cpu" else 2e-4
+    model = tiny_model(pe, n_kv_heads=2).to(device)
+    prompt = torch.randint(0, 37, (2, 7), generator=torch.Generator().manual_seed(2)).to(device)
+    with torch.no_grad():
+        ids_c, logits_c = model.generate(prompt, max_new_tokens=9, return_logits=True)
+        ids_f, logits_f = model.generate(prompt, max_new_tokens=9, use_cache=False, return_logits=True)
+        full = model(ids_c[:, :-1]).logits[:, prompt.shape[1] - 1:]
+    assert torch.equal(ids_c, ids_f)
+    torch.testing.assert_close(logits_c, logits_f, atol=tol, rtol=tol)
+    torch.testing.assert_close(logits_c, full, atol=tol, rtol=tol)
+
+
+def test_add_tape_is_the_identity_at_init(device: str) -> None:
+    """A tiny random Llama (no download; GQA, sharp attention): TAPE injected at init gives the
+    original logits, in fp32, on the device."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tape.hf import add_tape
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=50, hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64)).eval()  # head dim 128, as Llama-2-7B
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(15)  # sharp attention: positions matter
+    model = model.to(device)
+    ids = torch.randint(0, 50, (2, 48), generator=torch.Generator().manual_seed(1)).to(device)
+    with torch.no_grad():
+        before = model(ids).logits
+        after = add_tape(model).to(device)(ids).logits
+    bound = (1e-4 if device == "cpu" else 5e-4) * float(before.abs().max().clamp_min(1))  # fp32 round-off
+    assert float((after - before).abs().max()) <= bound
