@@ -94,6 +94,8 @@ def checks(runs_dir: Path) -> list[Check]:
         out.append(Check(f"time {TIMED_STEPS} steps of {preset}", (
             *py, "-m", "pipelines.train", f"experiment={preset}", "logger=csv", f"trainer.max_steps={TIMED_STEPS}",
             f"trainer.val_check_interval={TIMED_STEPS}", f"paths.runs_dir={runs_dir}"), 300))
+    out.append(Check("autotune the kernel's launch configs (bf16, head dims 64 and 128)",
+                     (*py, "-m", "tape.kernels.autotune", "--dtypes", "bfloat16", "--head-dims", "64,128"), 300))
     out.append(Check("benchmark at the paper's shape", (*py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
                                                         f"output_dir={runs_dir / 'benchmark'}"), 300))
     return out
