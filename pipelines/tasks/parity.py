@@ -6,7 +6,11 @@ Trained on n in [task.min_bits, task.max_bits] bits (L = max_bits), tested at ev
 ``eval_multiplier`` * L. ``task.scratchpad`` picks the format: ``standard`` needs index lookup,
 ``interleaved`` and ``mnemonics`` are its controls. The vocabulary and the longest training
 sequence depend on the format, so ``task.vocab_size`` and ``task.seq_len`` (null) are filled in
-by :func:`prepare` before validation."""
+by :func:`prepare` before validation.
+
+The exact match (every step and the answer right, teacher-forced) is the final-answer measure:
+it holds exactly when greedy decoding writes the whole scratchpad and the answer right. The
+answer token alone is not reported: teacher-forced, it copies p_n from two tokens back."""
 
 from __future__ import annotations
 
