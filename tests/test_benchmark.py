@@ -13,6 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+import tape.pe
 from tape.bench import make_variants
 from tape.bench.attention_op import build_attention_op
 from tape.bench.flops import META, count_flops, model_costs
@@ -22,7 +23,7 @@ from tape.model import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 TAPE_LABELS = ["tape_fused", "tape_unfused", "tape_concat", "tape_padded", "tape_triton"]
-ALL_LABELS = [*TAPE_LABELS, "rope", "fire", "t5", "alibi", "cope", "nope", "prope", "randpe", "xpos"]  # pes: all
+ALL_LABELS = [*TAPE_LABELS, *[v.label for v in make_variants([p for p in tape.pe.names() if p != "tape"])]]  # pes: all
 
 
 def compose_benchmark(*overrides: str):
@@ -54,7 +55,7 @@ def test_155m_counts_match_the_paper_table3_on_the_meta_device():
 def test_attention_op_runs_for_every_variant_and_tape_counts_more_flops():
     base = ModelConfig(vocab_size=8, n_layers=2, d_model=32, n_heads=4, max_seq_len=16)
     flops = {}
-    for v in make_variants(["tape", "rope", "fire", "t5", "alibi", "xpos", "randpe", "nope", "cope"],
+    for v in make_variants(tape.pe.names(),
                            ["fused", "unfused", "concat", "padded"]):
         cfg = v.config(base)
         out, rot = build_attention_op(cfg, 2, 16, torch.device("cpu"), torch.float32)()
@@ -71,7 +72,7 @@ def test_attention_op_runs_in_half_precision_for_every_variant(dtype):
     """The paper-shape GPU benchmark times bf16 ops: TAPE rotates q, k in E's float32, and they
     must reach SDPA in v's dtype, as in the model (it crashed on the first H100 run)."""
     base = ModelConfig(vocab_size=8, n_layers=2, d_model=32, n_heads=4, max_seq_len=16)
-    for v in make_variants(["tape", "rope", "fire", "alibi", "nope", "cope"], ["fused", "unfused", "concat", "padded"]):
+    for v in make_variants(tape.pe.names(), ["fused", "unfused", "concat", "padded"]):
         out, _ = build_attention_op(v.config(base), 2, 16, torch.device("cpu"), dtype)()
         assert out.dtype == dtype and torch.isfinite(out.float()).all(), v.label
         assert count_flops(build_attention_op(v.config(base), 2, 16, META, dtype)) > 0

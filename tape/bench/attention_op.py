@@ -2,8 +2,9 @@
 
 What is timed is the work between the q/k/v projections and the output projection, plus the
 PE's own per-layer updates, exactly as ``SelfAttention.forward`` and ``Block.forward`` call them:
-  rotate q, k (rotary PEs) -> attention bias (FIRE, T5, ALiBi) -> attend (with E as extra
-  values for TAPE) -> TAPE's post-attention map on A·E -> TAPE's token-gated PE-MLP.
+  gates from the input (FoX) -> rotate q, k (rotary PEs) -> attention bias (FIRE, T5, ALiBi,
+  FoX, CoPE) -> attend (with E as extra values for TAPE) -> TAPE's post-attention map on A·E
+  -> TAPE's token-gated PE-MLP.
 The projections and the SwiGLU MLP are excluded: they are identical for every PE and would only
 dilute the ratios. The model-level ``make_state`` (the RoPE table, once per forward) is excluded too.
 """
@@ -35,30 +36,32 @@ class AttentionOp:
     fuse: bool | str | None
 
     def __call__(self) -> tuple[Tensor, Tensor | None]:
-        layer, state = self.layer, self.state
+        layer = self.layer
+        state = layer.before_attention(self.state, self.m, None, 0)  # FoX's gates; m stands in for x
         q, k = layer.rotate(self.q, self.k, state)
         q, k = q.to(self.v.dtype), k.to(self.v.dtype)  # as the model: rotated in E's float32
         out, extra_out = attend(
-            q, k, self.v, extra=layer.extra_values(state), bias=self.bias(q, k),
+            q, k, self.v, extra=layer.extra_values(state), bias=self.bias(q, k, state),
             alibi_slopes=layer.alibi_slopes(), backend=self.backend, fuse=self.fuse,
         )  # (B, H, N, d), (B, H, N, d) or None
         state = layer.after_attention(state, extra_out)
         state = layer.after_mlp(state, self.m)
         return out, state.rot
 
-    def bias(self, q: Tensor, k: Tensor) -> Tensor | None:
+    def bias(self, q: Tensor, k: Tensor, state: PositionState) -> Tensor | None:
         """The PE's attention bias, plus its score-dependent part (CoPE's), as the decoder adds them."""
-        bias = self.layer.attn_bias(self.state)
-        score_bias = self.layer.score_bias(q, k, self.state, None)
+        bias = self.layer.attn_bias(state)
+        score_bias = self.layer.score_bias(q, k, state, None)
         if score_bias is not None:
             bias = score_bias if bias is None else bias + score_bias
         return bias
 
     def resolved_backend(self) -> str:
         """The backend this op's call resolves to, with TAPE's value layout: "sdpa padded"."""
-        extra = self.layer.extra_values(self.state)
+        state = self.layer.before_attention(self.state, self.m, None, 0)
+        extra = self.layer.extra_values(state)
         plan = plan_attention(self.backend, self.fuse, self.q, self.k, extra, None,
-                              self.bias(self.q, self.k), self.layer.alibi_slopes() is not None)
+                              self.bias(self.q, self.k, state), self.layer.alibi_slopes() is not None)
         return plan.backend if plan.values == "single" else f"{plan.backend} {plan.values}"
 
 

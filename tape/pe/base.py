@@ -12,6 +12,8 @@ PE-specific branches.
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -160,6 +162,14 @@ class PositionalEncoding(nn.Module):
 
     def make_layer(self, layer_idx: int) -> LayerPE:
         return LayerPE()
+
+
+def without_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """Autocast switched off on ``device`` (a no-op where autocast does not exist, e.g. meta):
+    for the float32 parts of an encoding inside a bf16 forward."""
+    if device.type in ("cpu", "cuda"):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def angle_dtype(device: torch.device) -> torch.dtype:

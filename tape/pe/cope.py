@@ -18,7 +18,6 @@ trivially invariant to shifting them).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from tape.pe import register
-from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionState
+from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionState, without_autocast
 
 if TYPE_CHECKING:
     from tape.model.config import ModelConfig
@@ -85,9 +84,7 @@ class CoPELayer(LayerPE):
         (plain causal) -> q_i · e[p_ij] / sqrt(d), (B, H, Nq, Nk) in float32 (float64 models:
         float64, so their exactness tests stay exact)."""
         scale = 1.0 / math.sqrt(q.shape[-1])
-        autocast_off = (torch.autocast(q.device.type, enabled=False)
-                        if q.device.type in ("cpu", "cuda") else contextlib.nullcontext())
-        with autocast_off:  # counts must stay exact past bf16's 256
+        with without_autocast(q.device):  # counts must stay exact past bf16's 256
             acc = torch.promote_types(q.dtype, torch.float32)
             qf = q.to(acc)
             kf = k.to(acc).repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, Nk, d)

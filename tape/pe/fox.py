@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tape.pe import register
-from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionState
+from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionState, without_autocast
 
 if TYPE_CHECKING:
     from tape.model.cache import KVCache
@@ -87,7 +87,7 @@ class FoXLayer(LayerPE):
     def log_gates(self, x: Tensor) -> Tensor:
         """x (B, N, C) -> the per-token terms l (B, H, N) <= 0, in float32 or wider."""
         dt = torch.promote_types(x.dtype, torch.float32)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with without_autocast(x.device):
             z = F.linear(x.to(dt), self.gate.weight.to(dt), self.gate.bias.to(dt))  # (B, N, H)
         term = F.logsigmoid(z) if self.kind == "fox" else -F.softplus(z)
         return term.transpose(1, 2)
