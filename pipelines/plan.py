@@ -192,28 +192,35 @@ def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None) -
     the seeds each claim's plan gives the arm (conf/claims.yaml ``seeds``, ``first_seed``; an arm
     only described runs ``describe_seeds``), tier 0 for an arm of a primary comparison, else 1,
     and ``minutes`` a run of its experiment takes. An arm two claims share (pretrain/cpu TAPE: C2
-    and C4) runs once, at the union of seeds."""
+    and C4) runs once, at the union of seeds. Each positive control of a claim (``controls``)
+    is a step of its own per arm, ``<claim>-<arm>-control-<values>``, at the arm's seeds and tier:
+    a seed's pair counts only once its controls have run."""
     minutes = minutes or {}
-    steps: dict[tuple[str, str], Step] = {}
+    steps: dict[tuple[str, ...], Step] = {}
     for claim in cfg.claims:
         for name in claim.arm_names:
             arm = cfg.arms[name]
             tier = 0 if name in claim.primary else 1
             seeds = claim.arm_seeds(name, cfg.describe_seeds)
-            key = (claim.experiment, name)
-            if key in steps:
-                old = steps[key]
-                ids, arm_name = old.name.split("-", 1)
-                steps[key] = replace(old, name=f"{ids}+{claim.id}-{arm_name}", tier=min(old.tier, tier),
-                                     seeds=tuple(sorted({*old.seeds, *seeds})))
-                continue
-            values = {**claim.settings, **arm.match}  # the arm's own values win (compute-matched arms)
-            steps[key] = Step(
-                name=f"{claim.id}-{name}", entry="pipelines.train", experiment=claim.experiment,
-                pes=(arm.pe,), seeds=seeds,
-                overrides=tuple(f"{k}={_override(v)}" for k, v in values.items()),
-                match={**cfg.require, **values}, tier=tier,
-                minutes=minutes.get(claim.experiment, 0.0))
+            runs: list[tuple[str, tuple[str, ...], Mapping[str, Any]]] = [(name, (claim.experiment, name), {})]
+            for control in claim.controls.settings if claim.controls else ():
+                label = "-".join(f"{k.rsplit('.', 1)[-1]}={_override(v)}" for k, v in control.items())
+                runs.append((f"{name}-control-{label}", (claim.experiment, name, repr(sorted(control.items()))),
+                             control))
+            for label, key, control in runs:
+                if key in steps:
+                    old = steps[key]
+                    ids, arm_name = old.name.split("-", 1)
+                    steps[key] = replace(old, name=f"{ids}+{claim.id}-{arm_name}", tier=min(old.tier, tier),
+                                         seeds=tuple(sorted({*old.seeds, *seeds})))
+                    continue
+                values = claim.values(arm, control)  # the arm's own values win (compute-matched arms)
+                steps[key] = Step(
+                    name=f"{claim.id}-{label}", entry="pipelines.train", experiment=claim.experiment,
+                    pes=(arm.pe,), seeds=seeds,
+                    overrides=tuple(f"{k}={_override(v)}" for k, v in values.items()),
+                    match={**cfg.require, **values}, tier=tier,
+                    minutes=minutes.get(claim.experiment, 0.0))
     return list(steps.values())
 
 

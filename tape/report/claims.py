@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import numpy as np
 import yaml
@@ -57,6 +57,21 @@ Pair = tuple[str, str]
 
 
 @dataclass(frozen=True)
+class Controls:
+    """A claim's positive controls: per control, the config values that replace the arm's
+    (``settings``); a seed counts for an arm only when, for every control, the run of the same
+    experiment, PE and seed with those values finished and reached every threshold of ``valid``."""
+
+    settings: tuple[Mapping[str, Any], ...]
+    valid: Mapping[str, float]
+
+    @staticmethod
+    def label(setting: Mapping[str, Any]) -> str:
+        """``task.scratchpad=interleaved`` (several keys: comma-separated)."""
+        return ", ".join(f"{k}={v}" for k, v in setting.items())
+
+
+@dataclass(frozen=True)
 class Claim:
     """One claim of the paper, the experiment that tests it and its plan: the paired seeds of
     the tested comparisons (primary, then the Holm family of secondary ones), fixed before the
@@ -84,6 +99,7 @@ class Claim:
     profiles: tuple[str, ...] = ()  # the reproduction profiles that run it (empty: every one)
     settings: Mapping[str, Any] = field(default_factory=dict)  # config values every arm's runs have
     exploratory: bool = False  # read after seeing results: described, never judged
+    controls: Controls | None = None  # positive controls every arm's seed must pass to count
 
     @property
     def arm_names(self) -> list[str]:
@@ -99,6 +115,11 @@ class Claim:
     def planned_seeds(self) -> tuple[int, ...]:
         """The seeds the claim reads (runs of other seeds are left out of it)."""
         return tuple(range(self.first_seed, self.first_seed + self.seeds))
+
+    def values(self, arm: Arm, control: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The config values the runs of ``arm`` have in this claim (the arm's own ``match``
+        wins over ``settings``), or those of its run under ``control`` (the control's win)."""
+        return {**self.settings, **arm.match, **(control or {})}
 
     def arm_seeds(self, arm: str, describe_seeds: int) -> tuple[int, ...]:
         """The seeds the plan runs for ``arm``: all planned seeds when tested, else the first
@@ -179,10 +200,54 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
                             valid={k: float(v) for k, v in (c.get("valid") or {}).items()},
                             profiles=tuple(c.get("profiles") or ()),
                             settings=dict(c.get("settings") or {}),
-                            exploratory=bool(c.get("exploratory", False))))
+                            exploratory=bool(c.get("exploratory", False)),
+                            controls=_controls(c, arms, path)))
     return ClaimsConfig(alpha=alpha, metrics=metrics, arms=arms, claims=tuple(claims),
                         require=dict(raw.get("require") or {}),
                         describe_seeds=int(raw.get("describe_seeds", 2)))
+
+
+def _controls(c: Mapping[str, Any], arms: Mapping[str, Arm], path: str | Path) -> Controls | None:
+    """A claim's ``controls``, checked: a list of settings, each changing at least one value
+    that the claim's ``settings`` or every arm's ``match`` pins, and the thresholds ``valid``."""
+    raw = c.get("controls")
+    if raw is None:
+        return None
+    where = f"{path}: claim {c['id']}: controls"
+    example = "controls: {settings: [{task.scratchpad: interleaved}], valid: {exact_match_id: 90.0}}"
+    if not isinstance(raw, dict) or set(raw) != {"settings", "valid"}:
+        got = sorted(map(str, raw)) if isinstance(raw, dict) else type(raw).__name__
+        raise ValueError(f"{where}: give exactly the keys settings and valid (got {got}), e.g. {example}")
+    settings, valid = raw["settings"], raw["valid"]
+    if not isinstance(settings, list) or not settings or not all(isinstance(s, dict) and s for s in settings):
+        raise ValueError(f"{where}.settings: give a non-empty list with one mapping of dotted config "
+                         f"keys to values per control, e.g. {example}")
+    if (not isinstance(valid, dict) or not valid
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in valid.values())):
+        raise ValueError(f"{where}.valid: give a mapping of metrics.json keys to the least value a "
+                         f"control run must reach, e.g. {example}")
+    pairs = [c["primary"], *(c.get("secondary") or []), *(c.get("describe") or [])]
+    for i, setting in enumerate(settings):
+        for name in dict.fromkeys(a for pair in pairs for a in pair):
+            own = {**(c.get("settings") or {}), **arms[name].match}
+            unpinned = [k for k in setting if k not in own]
+            if unpinned:
+                raise ValueError(f"{where}.settings[{i}]: {', '.join(unpinned)} is not pinned for arm "
+                                 f"{name!r}, so its own runs could be taken for the control's: give the "
+                                 f"claim's value in its `settings` (e.g. {unpinned[0]}: <the claim's value>)")
+            if all(own[k] == v for k, v in setting.items()):
+                raise ValueError(f"{where}.settings[{i}]: {Controls.label(setting)} is what arm {name!r} "
+                                 f"runs already: a control must change at least one of its values")
+    return Controls(settings=tuple(dict(s) for s in settings), valid={k: float(v) for k, v in valid.items()})
+
+
+def arm_finished(runs: list[Run], arm: Arm, experiment: str, require: Mapping[str, Any],
+             seeds: Collection[int] | None = None) -> list[Run]:
+    """The newest finished run per seed of ``arm`` in ``experiment`` (only ``seeds`` when given)."""
+    mine = [r for r in runs if r.experiment == experiment and arm.matches(r, require)
+            and (seeds is None or r.seed in seeds)]
+    group = group_by(mine, lambda r: arm.name).get(arm.name)
+    return [] if group is None else group.finished
 
 
 def arm_values(runs: list[Run], arm: Arm, experiment: str, metric: MetricSpec,
@@ -190,13 +255,9 @@ def arm_values(runs: list[Run], arm: Arm, experiment: str, metric: MetricSpec,
                ) -> tuple[dict[int, float], list[Run]]:
     """{seed: value} of the newest finished run per seed of ``arm`` in ``experiment`` (only
     ``seeds`` when given), and those runs."""
-    mine = [r for r in runs if r.experiment == experiment and arm.matches(r, require)
-            and (seeds is None or r.seed in seeds)]
-    group = group_by(mine, lambda r: arm.name).get(arm.name)
-    if group is None:
-        return {}, []
-    values = {r.seed: v for r in group.finished if (v := metric.value(r.metrics or {})) is not None}
-    return values, [r for r in group.finished if r.seed in values]
+    finished = arm_finished(runs, arm, experiment, require, seeds)
+    values = {r.seed: v for r in finished if (v := metric.value(r.metrics or {})) is not None}
+    return values, [r for r in finished if r.seed in values]
 
 
 def is_valid(run: Run, valid: Mapping[str, float]) -> bool:
@@ -217,25 +278,39 @@ class ClaimResult:
     unpaired: int = 0  # finished runs of the claim's arms that lack the required values (paired_init)
     arm_runs: dict[str, list[Run]] = field(default_factory=dict)  # the runs each arm used
     invalid: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # per comparison: seeds left out
+    # per comparison, the seeds left out for a positive control (claim ``controls``), each with
+    # the controls it lacks, "<arm> at <setting>": a control run below ``controls.valid``...
+    control_failed: dict[tuple[str, str], dict[int, list[str]]] = field(default_factory=dict)
+    # ... or none finished (counted only for seeds whose own runs are valid, and not failed)
+    control_missing: dict[tuple[str, str], dict[int, list[str]]] = field(default_factory=dict)
 
 
 def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimResult:
     metric = cfg.metrics[claim.metric]
     require = {**cfg.require, **claim.settings}  # what a run of any of the claim's arms must have
-    values, used, arm_runs, invalid = {}, [], {}, {}
+    values, used, arm_runs, invalid, failed, missing = {}, [], {}, {}, {}, {}
     for name in claim.arm_names:
         values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, metric, require,
                                          claim.planned_seeds)
         used += found
         arm_runs[name] = found
         invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid)}
+        failed[name], missing[name], controls = control_results(claim, cfg.arms[name], runs, require,
+                                                                set(values[name]))
+        used += controls
     tested = 1 + len(claim.secondary)
     pairs = list(enumerate((claim.primary, *claim.secondary, *claim.describe)))
-    comparisons = [compare(_without(values[t], invalid[t] | invalid[b]),
-                           _without(values[b], invalid[t] | invalid[b]), metric, (t, b),
-                           primary=i == 0, tested=i < tested)
+    out = {name: invalid[name] | set(failed[name]) | set(missing[name]) for name in claim.arm_names}
+    comparisons = [compare(_without(values[t], out[t] | out[b]), _without(values[b], out[t] | out[b]),
+                           metric, (t, b), primary=i == 0, tested=i < tested)
                    for i, (t, b) in pairs]
-    dropped = {(t, b): sorted((invalid[t] | invalid[b]) & set(values[t]) & set(values[b])) for _, (t, b) in pairs}
+    dropped, control_failed, control_missing = {}, {}, {}
+    for _, (t, b) in pairs:  # each seed left out once: its own runs invalid, else a control failed, else missing
+        both = set(values[t]) & set(values[b])
+        dropped[t, b] = sorted((invalid[t] | invalid[b]) & both)
+        control_failed[t, b] = _lacking(sorted(both - set(dropped[t, b])), failed, (t, b), cfg)
+        control_missing[t, b] = _lacking(sorted(both - set(dropped[t, b]) - set(control_failed[t, b])),
+                                         missing, (t, b), cfg)
     arms = [cfg.arms[name] for name in values]
     unpaired = sum(1 for r in runs if r.finished and r.experiment == claim.experiment
                    and any(a.matches(r, claim.settings) for a in arms)
@@ -245,7 +320,36 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
         decided = [replace(c, verdict=DESCRIBED, reason=f"exploratory, p = {c.p_adjusted:.3g}: the reading was "
                            "chosen after seeing earlier runs; a claim on fresh seeds confirms it or not")
                    if c.n >= MIN_VERDICT_PAIRS else c for c in decided]
-    return ClaimResult(claim, decided, values, used, unpaired, arm_runs, dropped)
+    return ClaimResult(claim, decided, values, used, unpaired, arm_runs, dropped, control_failed, control_missing)
+
+
+def control_results(claim: Claim, arm: Arm, runs: list[Run], require: Mapping[str, Any], seeds: set[int]
+                    ) -> tuple[dict[int, list[str]], dict[int, list[str]], list[Run]]:
+    """An arm's positive controls at ``seeds``: {seed: the settings whose control run failed
+    ``controls.valid``}, {seed: the settings with no finished control run}, and the control runs."""
+    failed: dict[int, list[str]] = {}
+    missing: dict[int, list[str]] = {}
+    found: list[Run] = []
+    for setting in claim.controls.settings if claim.controls else ():
+        control = replace(arm, match={**arm.match, **setting})
+        done = {r.seed: r for r in arm_finished(runs, control, claim.experiment, {**require, **setting}, seeds)}
+        found += done.values()
+        for seed in sorted(seeds):
+            if seed not in done:
+                missing.setdefault(seed, []).append(Controls.label(setting))
+            elif not is_valid(done[seed], claim.controls.valid):
+                failed.setdefault(seed, []).append(Controls.label(setting))
+    return failed, missing, found
+
+
+def _lacking(seeds: list[int], by_arm: Mapping[str, Mapping[int, list[str]]], pair: Pair,
+             cfg: ClaimsConfig) -> dict[int, list[str]]:
+    """{seed: ["<arm> at <setting>", ...]} of the ``seeds`` where an arm of ``pair`` lacks a control."""
+    out: dict[int, list[str]] = {}
+    for seed in seeds:
+        for name in dict.fromkeys(pair):
+            out.setdefault(seed, []).extend(f"{cfg.arms[name].title} at {s}" for s in by_arm[name].get(seed, []))
+    return {seed: what for seed, what in out.items() if what}
 
 
 def _without(values: Mapping[int, float], seeds: set[int]) -> dict[int, float]:
@@ -269,9 +373,21 @@ def _verdict(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool)
     """(effect, verdict) cells of one comparison."""
     claim = result.claim
     metric = cfg.metrics[claim.metric]
-    dropped = result.invalid.get((c.treatment, c.baseline), [])
-    why = (f"{len(dropped)} seed(s) invalid, left out ({', '.join(str(s) for s in dropped)}: "
-           + " or ".join(f"{k} < {v:g}" for k, v in claim.valid.items()) + ")") if dropped else ""
+    pair = (c.treatment, c.baseline)
+    dropped = result.invalid.get(pair, [])
+    failed, missing = result.control_failed.get(pair, {}), result.control_missing.get(pair, {})
+    reasons = [f"{len(dropped)} seed(s) invalid, left out ({', '.join(str(s) for s in dropped)}: "
+               + " or ".join(f"{k} < {v:g}" for k, v in claim.valid.items()) + ")"] if dropped else []
+    if failed:
+        assert claim.controls is not None
+        reasons.append(f"{len(failed)} seed(s) left out, a positive control failed ("
+                       + " or ".join(f"{k} < {v:g}" for k, v in claim.controls.valid.items()) + "): "
+                       + "; ".join(f"{s}: {', '.join(what)}" for s, what in failed.items()))
+    if missing:
+        reasons.append(f"{len(missing)} seed(s) left out, a positive control not run: "
+                       + "; ".join(f"{s}: {', '.join(what)}" for s, what in missing.items()))
+    why = "; ".join(reasons)
+    dropped = [*dropped, *failed, *missing]
     if c.n == 0 and dropped:
         return "no valid pair", f"**no verdict**: {why}"
     if c.n == 0:  # the command once per claim: on its first row
@@ -543,6 +659,12 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> ClaimsSection:
         "The paper's column is **the paper's** statement and numbers (tape-spec E), at the paper's "
         "scale; every other column is ours, at the scale in the experiment's name.",
         *(f"{r.claim.id}: {r.claim.note}." for r in results if r.claim.note),
+        *(f"{r.claim.id}: positive controls (conf/claims.yaml `controls`): a seed's pair counts only when "
+          f"each arm's run of that seed also finished under "
+          + " and under ".join(f"`{Controls.label(s)}`" for s in r.claim.controls.settings)
+          + " with " + " and ".join(f"{k} >= {v:g}" for k, v in r.claim.controls.valid.items())
+          + "; a seed left out names the control that failed or was not run (claims_all's verdict)."
+          for r in results if r.claim.controls),
         "All of them: `make reproduce-table` (PROFILE=cpu runs every claim's plan; pipelines/reproduce.py). "
         "Per claim: " + "; ".join(f"{r.claim.id}: `{r.claim.command}`" for r in results) + ".",
     ]
