@@ -30,6 +30,8 @@ def records(path: Path) -> list[Any]:
         if kind == 0 and length == 0:  # zero padding at the end of a block
             pos += BLOCK - pos % BLOCK
             continue
+        if pos + HEADER + length > len(data):  # cut off mid-record (a writer still flushing or killed)
+            break
         chunk = data[pos + HEADER:pos + HEADER + length]
         pos += HEADER + length
         parts = chunk if kind in (FULL, FIRST) else parts + chunk
