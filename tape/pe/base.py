@@ -13,7 +13,6 @@ PE-specific branches.
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
