@@ -17,7 +17,7 @@ from tape.report.document import Context, Figure, Section
 from tape.report.groups import Group, artifact, group_by, metric, of_scale, ordered, setting_notes
 from tape.report.heatmap import plot_heatmap, plot_panel, pool_seeds, save_png
 from tape.report.paper import ADDITION_FIG2, ADDITION_FIG5, ADDITION_PES, display
-from tape.report.provenance import provenance_line
+from tape.report.provenance import section_provenance
 from tape.report.stats import Missing, Summary
 from tape.report.tables import Table
 
@@ -92,7 +92,7 @@ def build(ctx: Context, scale: str) -> Section:
             "digits, so compare the ordering of the PEs, not the values.",
             *setting_notes(groups),
         ],
-        provenance=provenance_line(finished, ctx.stamp),
+        provenance=section_provenance(finished, ctx),
     )
     section = Section(title=f"Addition ({scale})", tables=[table])
     if pooled:

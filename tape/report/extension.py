@@ -29,7 +29,7 @@ from tape.report.heatmap import save_png
 from tape.report.paper import (
     EXTENSION_LENGTHS, EXTENSION_METHODS, EXTENSION_TABLE2, PASSKEY_FIG3, PASSKEY_TOKENS, display,
 )
-from tape.report.provenance import provenance_line
+from tape.report.provenance import section_provenance
 from tape.report.runs import Run
 from tape.report.stats import Missing, Summary, summarize
 from tape.report.tables import Table
@@ -108,7 +108,7 @@ def build(ctx: Context, scale: str) -> Section:
     g = groups.get("all")
     finished = g.finished if g else []
     unfinished = g.unfinished if g else []
-    stamp = provenance_line(finished, ctx.stamp)
+    stamp = section_provenance(finished, ctx)
     section = Section(title=f"Context extension ({scale})")
     # seeds whose base retrieves at its own context: the only ones the passkey table and figure use
     valid = [r for r in finished if (r.metrics or {}).get("base_retrieves") is not False]
@@ -126,7 +126,7 @@ def build(ctx: Context, scale: str) -> Section:
         section.paragraphs += _notes(finished) + setting_notes(groups, compared=None)
         section.tables += [_ppl_table(finished, scale, stamp)]
         if valid:
-            section.tables.append(_passkey_table(valid, scale, provenance_line(valid, ctx.stamp)))
+            section.tables.append(_passkey_table(valid, scale, section_provenance(valid, ctx)))
         else:
             section.paragraphs.append("Passkey retrieval: no valid seed (every base model misses "
                                       "its own context's passkeys), so no passkey table.")

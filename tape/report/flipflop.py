@@ -19,7 +19,7 @@ from tape.report.document import Context, Figure, Section
 from tape.report.groups import Group, group_by, metric, of_scale, ordered
 from tape.report.heatmap import save_png
 from tape.report.paper import display
-from tape.report.provenance import provenance_line
+from tape.report.provenance import section_provenance
 from tape.report.runs import Run
 from tape.report.tables import Table
 
@@ -81,7 +81,7 @@ def build(ctx: Context, scale: str) -> Section:
                "P(ignore), sparse = 0.98, dense = 0.1. Mean ± sample std over seeds. The claims' "
                "metric read_error_ood is the last column averaged over the sparsities."],
         digits=3,
-        provenance=provenance_line(finished, ctx.stamp),
+        provenance=section_provenance(finished, ctx),
     )
     section = Section(title=f"Flip-flop ({scale})", tables=[table])
     if finished and mults:

@@ -13,7 +13,7 @@ import re
 from tape.report.document import Context, Section
 from tape.report.groups import Group, group_by, metric, of_scale, ordered, setting_notes
 from tape.report.paper import PRETRAIN_PES, display
-from tape.report.provenance import provenance_line
+from tape.report.provenance import section_provenance
 from tape.report.tables import Table
 
 PPL_KEY = re.compile(r"^ppl_(\d+)x$")
@@ -43,6 +43,6 @@ def build(ctx: Context, scale: str) -> Section:
                + (f"Trained on {seq_len}-token blocks; " if seq_len else "")
                + "evaluations longer than the blocks measure length extrapolation. Mean ± sample std "
                  "over seeds.", *setting_notes(groups)],
-        provenance=provenance_line(finished, ctx.stamp),
+        provenance=section_provenance(finished, ctx),
     )
     return Section(title=f"Pretraining perplexity ({scale})", tables=[table])

@@ -1,6 +1,7 @@
-"""One provenance line per table: the runs' commits, launch times, machines and commands
-(command.txt), runs made at a working tree with uncommitted changes flagged, then the rendering
-stamp. The stamp names no date, machine or commit, so that a render of the same records is the
+"""Provenance lines: under an experiment's table a brief one (the runs' commit range, a link to
+their records and to runs.csv); in the claims detail the full one (commits, launch times, machines
+and commands from command.txt). Runs made at a working tree with uncommitted changes are flagged,
+then comes the rendering stamp. The stamp names no date, machine or commit, so that a render of the same records is the
 same bytes anywhere; it says when the rendering code itself had uncommitted changes.
 
 Runs made before command.txt recorded a machine are counted as "machine not recorded".
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from tape.vcs import commit_label
 from tape.report.runs import Run
+
+if TYPE_CHECKING:
+    from tape.report.document import Context
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_COMMANDS = 3
@@ -72,9 +76,10 @@ def provenance_line(runs: Iterable[Run], stamp: str) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def provenance_brief(runs: Iterable[Run], stamp: str, records: str = "") -> str:
+def provenance_brief(runs: Iterable[Run], stamp: str, records: str = "", inventory: str = "") -> str:
     """One short line: the runs, their first .. last commit in launch order, any +dirty ones,
-    a link to ``records`` (the folder they were read from), then ``stamp``."""
+    a link to ``records`` (the folder they were read from) and to ``inventory`` (runs.csv: every
+    run's command, launch time and machine), then ``stamp``."""
     runs = sorted(runs, key=lambda r: _when(r.started))
     if not runs:
         return f"no finished run; {stamp}"
@@ -83,5 +88,11 @@ def provenance_brief(runs: Iterable[Run], stamp: str, records: str = "") -> str:
     dirty = sum("+dirty" in r.commit for r in runs)
     parts = [f"{len(runs)} run(s) at commit(s) {span}",
              f"**{dirty} of them made at a working tree with uncommitted changes (+dirty)**" if dirty else "",
-             f"records: [{records}]({records})" if records else "", stamp]
+             f"records: [{records}]({records})" if records else "",
+             f"commands, times and machines: [{inventory}]({inventory})" if inventory else "", stamp]
     return "; ".join(p for p in parts if p)
+
+
+def section_provenance(runs: Iterable[Run], ctx: "Context") -> str:
+    """The line under an experiment's table: the brief form, linking the records and runs.csv."""
+    return provenance_brief(runs, ctx.stamp, ctx.records_link, "runs.csv")

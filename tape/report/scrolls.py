@@ -25,7 +25,7 @@ from tape.report.paper import (
     SCROLLS_MEDIAN_LENGTH, SCROLLS_NOPE_REPO_HISTORY, SCROLLS_ORDER, SCROLLS_PES, SCROLLS_TABLE1,
     display,
 )
-from tape.report.provenance import provenance_line
+from tape.report.provenance import section_provenance
 from tape.report.runs import Run
 from tape.report.stats import Missing
 from tape.report.tables import Table
@@ -106,6 +106,6 @@ def build(ctx: Context, scale: str) -> Section:
                "nothing runs offline; no number is filled in.",
                "Ours: mean ± sample std over seeds; F1/EM/ROUGE geometric mean in %.",
                *setting_notes(groups, compared=None)],
-        provenance=provenance_line(finished, ctx.stamp),
+        provenance=section_provenance(finished, ctx),
     )
     return Section(title=f"SCROLLS ({scale})", tables=[table])
