@@ -340,8 +340,8 @@ def test_cpu_full_runs_the_claims_plan_then_the_tables(tmp_path: Path) -> None:
     assert {s.experiment for s in c5} == {"word_problem/cpu"} and len(c5) == 4  # 2 PEs x 2 depths
     assert any("model.n_layers=4" in s.overrides for s in c5)
     c6 = [s for s in steps if s.name.startswith("C6")]
-    assert {s.experiment for s in c6} == {"parity/cpu"} and len(c6) == 10  # 5 arms, each with its control
-    assert sum("task.scratchpad=interleaved" in s.overrides for s in c6) == 5
+    assert {s.experiment for s in c6} == {"parity/cpu"} and len(c6) == 14  # 7 arms, each with its control
+    assert sum("task.scratchpad=interleaved" in s.overrides for s in c6) == 7
     assert not any(s.name.startswith("C5") for s in plan("cpu", runs_dir=tmp_path / "runs"))  # overnight only
     tables = [s.name for s in steps if not s.match]
     assert tables == ["context_extension", "addition", "pretrain", "scrolls", "benchmark"]
