@@ -1,15 +1,27 @@
-"""Evaluation by problem size for the variable-length synthetic tasks (parity: bits, MQAR: pairs):
-teacher-forced scoring of fixed test sets, one CSV row per size, and the summary metrics.
+"""Evaluation by problem size for the variable-length synthetic tasks (parity: bits, MQAR: pairs,
+selective copy: slots, counting: operations): the tested sizes, teacher-forced scoring of fixed
+test sets, one CSV row per size, and the summary metrics.
 
 Not a task (the registry skips modules whose name starts with ``_``)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from pipelines.result_files import write_csv
+
 from tape.data.synthetic import ANSWER, STEP, scored_roles, teacher_forced_hits
+
+
+def tested_sizes(trained_max: int, multiplier: int, every: int, smallest: int = 1) -> list[int]:
+    """Every ``every``-th size from ``smallest`` up to multiplier * trained_max, and each
+    k * trained_max."""
+    top = multiplier * trained_max
+    return sorted({n for n in range(smallest, top + 1) if n % every == 0 or n % trained_max == 0})
 
 
 def score(model: Any, tokens: np.ndarray, roles: np.ndarray, batch_size: int,
@@ -60,3 +72,17 @@ def summary(rows: Sequence[dict[str, Any]], size_key: str, columns: Sequence[str
             if m * trained_max in by_size:
                 out[f"{c}_{m}x"] = float(by_size[m * trained_max])
     return out
+
+
+def evaluate_to_csv(model: Any, sizes: Sequence[int], test_set: Callable[[int], tuple[np.ndarray, np.ndarray]],
+                    batch_size: int, size_key: str, columns: Sequence[str], trained_max: int, multiplier: int,
+                    csv_path: Path, score_copies: bool = False, **fixed: Any) -> dict[str, float]:
+    """Score every size, write one CSV row per size (``fixed`` columns first) and return the
+    summary metrics with ``eval_time_s``."""
+    t0 = time.perf_counter()
+    rows = evaluate_sizes(model, sizes, test_set, batch_size, size_key, columns, score_copies)
+    rows = [{**fixed, **r} for r in rows]
+    metrics = summary(rows, size_key, columns, trained_max, range(1, multiplier + 1))
+    write_csv(rows, list(rows[0]), csv_path)
+    metrics["eval_time_s"] = time.perf_counter() - t0
+    return metrics

@@ -8,7 +8,6 @@ a value is content-based addressing: the control for position-based tasks such a
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,8 @@ from omegaconf import DictConfig, open_dict
 
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_position_range, model_config
-from pipelines.result_files import write_csv
 from pipelines.tasks import register
-from pipelines.tasks._by_size import evaluate_sizes, summary
+from pipelines.tasks._by_size import evaluate_to_csv, tested_sizes
 from pipelines.tasks.base import Task, WandbTable
 from tape.data.mqar import eval_set, sequence_length, training_batch, val_set, vocab_size
 from tape.data.synthetic import as_batch
@@ -32,8 +30,7 @@ POSITIVE = ("num_keys", "num_values", "min_pairs", "max_pairs", "batch_size", "v
 def eval_pairs(t: DictConfig) -> list[int]:
     """The tested sizes: every ``eval_every``-th P up to eval_multiplier * max_pairs, and each
     k * max_pairs."""
-    top, every, hi = int(t.eval_multiplier) * int(t.max_pairs), int(t.eval_every), int(t.max_pairs)
-    return sorted({p for p in range(1, top + 1) if p % every == 0 or p % hi == 0})
+    return tested_sizes(int(t.max_pairs), int(t.eval_multiplier), int(t.eval_every))
 
 
 def prepare(cfg: DictConfig) -> None:
@@ -92,15 +89,11 @@ def datamodule(cfg: DictConfig) -> SyntheticDataModule:
 
 def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
     """Answer accuracy and exact match (%) at every tested size -> mqar.csv + metrics."""
-    t0 = time.perf_counter()
     t = task_cfg
-    rows = evaluate_sizes(model, eval_pairs(t),
-                          lambda p: eval_set(int(t.eval_seed), p, int(t.eval_sequences), int(t.num_keys), int(t.num_values)),
-                          int(t.eval_batch_size), "pairs", COLUMNS)
-    metrics = summary(rows, "pairs", COLUMNS, int(t.max_pairs), range(1, int(t.eval_multiplier) + 1))
-    write_csv(rows, list(rows[0]), out_dir / "mqar.csv")
-    metrics["eval_time_s"] = time.perf_counter() - t0
-    return metrics
+    return evaluate_to_csv(
+        model, eval_pairs(t),
+        lambda p: eval_set(int(t.eval_seed), p, int(t.eval_sequences), int(t.num_keys), int(t.num_values)),
+        int(t.eval_batch_size), "pairs", COLUMNS, int(t.max_pairs), int(t.eval_multiplier), out_dir / "mqar.csv")
 
 
 @register("mqar")

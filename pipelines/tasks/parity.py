@@ -14,7 +14,6 @@ answer token alone is not reported: teacher-forced, it copies p_n from two token
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,8 @@ from omegaconf import DictConfig, open_dict
 
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_position_range, model_config
-from pipelines.result_files import write_csv
 from pipelines.tasks import register
-from pipelines.tasks._by_size import evaluate_sizes, summary
+from pipelines.tasks._by_size import evaluate_to_csv, tested_sizes
 from pipelines.tasks.base import Task, WandbTable
 from tape.data.parity import FORMATS, eval_set, sequence_length, training_batch, val_set, vocab_size
 from tape.data.synthetic import as_batch
@@ -37,8 +35,7 @@ POSITIVE = ("min_bits", "max_bits", "batch_size", "val_sequences", "eval_sequenc
 
 def eval_bits(t: DictConfig) -> list[int]:
     """The tested lengths: every ``eval_every``-th n up to eval_multiplier * L, and each k * L."""
-    top, every, L = int(t.eval_multiplier) * int(t.max_bits), int(t.eval_every), int(t.max_bits)
-    return sorted({n for n in range(1, top + 1) if n % every == 0 or n % L == 0})
+    return tested_sizes(int(t.max_bits), int(t.eval_multiplier), int(t.eval_every))
 
 
 def prepare(cfg: DictConfig) -> None:
@@ -104,17 +101,11 @@ def datamodule(cfg: DictConfig) -> SyntheticDataModule:
 
 def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
     """Step accuracy and exact match (%) at every tested length -> parity.csv + metrics."""
-    t0 = time.perf_counter()
     t = task_cfg
     fmt, k = str(t.scratchpad), int(t.mnemonics)
-    rows = evaluate_sizes(model, eval_bits(t),
-                          lambda n: eval_set(int(t.eval_seed), n, fmt, int(t.eval_sequences), k),
-                          int(t.eval_batch_size), "bits", COLUMNS, bool(t.score_copies))
-    rows = [{"scratchpad": fmt, **r} for r in rows]
-    metrics = summary(rows, "bits", COLUMNS, int(t.max_bits), range(1, int(t.eval_multiplier) + 1))
-    write_csv(rows, list(rows[0]), out_dir / "parity.csv")
-    metrics["eval_time_s"] = time.perf_counter() - t0
-    return metrics
+    return evaluate_to_csv(model, eval_bits(t), lambda n: eval_set(int(t.eval_seed), n, fmt, int(t.eval_sequences), k),
+                           int(t.eval_batch_size), "bits", COLUMNS, int(t.max_bits), int(t.eval_multiplier),
+                           out_dir / "parity.csv", bool(t.score_copies), scratchpad=fmt)
 
 
 @register("parity")
