@@ -13,7 +13,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pipelines.result_files import write_csv
-
 from tape.data.synthetic import ANSWER, STEP, scored_roles, teacher_forced_hits
 
 
