@@ -251,3 +251,17 @@ def test_the_default_output_is_a_run_directory_never_results():
         cfg = compose_benchmark(f"scale={scale}")
         assert cfg.output_dir == f"runs/benchmark/{scale}"
         assert not Path(cfg.output_dir).parts[0] == "results"
+
+
+def test_operator_notes_name_every_registered_encoding():
+    """The efficiency notes describe each encoding from its class attributes, so a new encoding
+    is described without editing the renderer."""
+    import tape.pe
+    from tape.bench.render import encoding_operators
+
+    text = encoding_operators()
+    for name in tape.pe.names():
+        if name != "tape":  # TAPE's operator has its own sentence
+            assert tape.pe.display(name) in text, name
+    bias = text.split("float32 bias")[0].rsplit(".", 1)[-1]  # the list before "compute a ... bias"
+    assert "CoPE" in bias and "PaTH" in bias and "RoPE" not in bias.replace("p-RoPE", "")

@@ -238,6 +238,33 @@ def render_markdown(res: dict[str, Any], notes: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
+def _names(names: list[str]) -> str:
+    """Display names joined for prose: "A, B and C"."""
+    shown = [tape.pe.display(n) for n in names]
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def _bias_encodings() -> list[str]:
+    return [n for n in tape.pe.names() if tape.pe.get(n).materialises_bias]
+
+
+def encoding_operators() -> str:
+    """What each registered encoding adds to attention, grouped by its class attributes."""
+    others = [n for n in tape.pe.names() if n != "tape"]
+    rotary = [n for n in others if tape.pe.get(n).rotary]
+    bias = [n for n in others if n in _bias_encodings()]
+    plain = [n for n in others if n not in rotary and n not in bias]
+    parts = []
+    if rotary:
+        parts.append(f"{_names(rotary)}: rotate q and k, then attention.")
+    if bias:
+        parts.append(f"{_names(bias)}: compute a (B, H, N, N) float32 bias (CoPE and PaTH from the "
+                     "score matrix), then attention with a float mask; memory grows as N².")
+    if plain:
+        parts.append(f"{_names(plain)}: attention.")
+    return " ".join(parts)
+
+
 def default_notes(res: dict[str, Any]) -> list[str]:
     """The measurement notes for efficiency.md, specialised to what this run did."""
     t3 = res["table3"]["rows"]
@@ -246,11 +273,8 @@ def default_notes(res: dict[str, Any]) -> list[str]:
     notes = [
         "**Attention operator (a).** Timed: one layer's work between the q/k/v projections and the "
         "output projection, plus the PE's own per-layer updates, through the same hooks the decoder "
-        "calls (`tape/bench/attention_op.py`). RoPE, xPos, RandPE: rotate q and k, then attention. "
-        "FIRE, T5, ALiBi: compute the (B, H, N, N) bias, then attention with a float mask. CoPE: "
-        "the (B, H, N, N) score matrix for its gates, the counted positions and the interpolated "
-        "table logits (a bias of that size), then attention with a float mask. NoPE: "
-        "attention. TAPE: rotate with E, attention with E as extra values (one call or two: "
+        "calls (`tape/bench/attention_op.py`). " + encoding_operators() + " TAPE: rotate with E, "
+        "attention with E as extra values (one call or two: "
         "the variants and the kernel note), the post-attention head map on A·E and the token-gated "
         "PE-MLP (one He x He matrix per token). Projections, the SwiGLU MLP and the once-per-forward position tables "
         "are excluded (identical for every PE, they would only dilute the ratios). Forward only, "
@@ -299,8 +323,10 @@ def default_notes(res: dict[str, Any]) -> list[str]:
         notes.append(
             "**CUDA attention kernels.** `backend=auto` gives TAPE fused the Triton [V | E] kernel "
             "(one QKᵀ) when triton is installed, TAPE unfused one FlashAttention-2 call per value "
-            "tensor with flash-attn (else two SDPA calls), and concat / padded one SDPA call. FIRE and T5 always run SDPA with a "
-            "materialised float bias, as in the paper; so does CoPE, whose gates need the scores.")
+            "tensor with flash-attn (else two SDPA calls), and concat / padded one SDPA call. "
+            f"{_names(_bias_encodings())} always run SDPA with a materialised float bias (FIRE and T5 "
+            "as in the paper; CoPE and PaTH because their bias needs the scores), except ALiBi, whose "
+            "slopes go to flash-attn where it is installed.")
     else:
         notes.append(
             "**Memory (CPU).** torch has no CPU allocator statistics, so two labelled measures: "
