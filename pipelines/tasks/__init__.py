@@ -8,65 +8,34 @@ One module (or subpackage) per task, named as the task: it registers its ``Task`
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from typing import Callable, TypeVar
-
 from pipelines.errors import PipelineConfigError
 from pipelines.tasks.base import Task, WandbTable
+from tape.registry import Registry
 
-_REGISTRY: dict[str, Task] = {}
-T = TypeVar("T", bound=type[Task])
-_NOT_TASKS = {"base"}
-
-
-def register(name: str) -> Callable[[T], T]:
-    """Class decorator: make a Task available as ``task.name=<name>``."""
-
-    def deco(cls: T) -> T:
-        if name in _REGISTRY:
-            raise ValueError(f"task {name!r} is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls()
-        return cls
-
-    return deco
+_TASKS: Registry[Task] = Registry(__name__, "task", instances=True)
+register = _TASKS.register  # class decorator: make a Task available as ``task.name=<name>``
 
 
 def get(name: str) -> Task:
     """The task registered as ``name``: pipelines.tasks.<name> is imported (a module named
     otherwise is found by importing them all)."""
-    if name not in _REGISTRY:
-        if name in _task_modules():
-            importlib.import_module(f"{__name__}.{name}")
-        else:
-            _import_tasks()
-    if name not in _REGISTRY:
+    _TASKS.load(name)
+    task = _TASKS.find(name)
+    if task is None:
         raise PipelineConfigError(f"task.name={name!r} is not a known task; choose one of {names()}")
-    return _REGISTRY[name]
+    return task
 
 
 def names() -> list[str]:
     """Sorted names of every task."""
-    _import_tasks()
-    return sorted(_REGISTRY)
+    _TASKS.import_all()
+    return _TASKS.names()
 
 
 def wandb_tables() -> dict[str, WandbTable]:
     """Run-dir file -> its W&B table, over every task (a run may hold another task's files)."""
-    _import_tasks()
-    return {file: table for task in _REGISTRY.values() for file, table in task.wandb_tables.items()}
-
-
-def _task_modules() -> list[str]:
-    return [m.name for m in pkgutil.iter_modules(__path__)
-            if m.name not in _NOT_TASKS and not m.name.startswith("_")]
-
-
-def _import_tasks() -> None:
-    """Import every module of this package (each registers itself)."""
-    for name in _task_modules():
-        importlib.import_module(f"{__name__}.{name}")
+    _TASKS.import_all()
+    return {file: table for task in _TASKS for file, table in task.wandb_tables.items()}
 
 
 __all__ = ["Task", "WandbTable", "get", "names", "register", "wandb_tables"]

@@ -7,54 +7,40 @@ and registers its ``PositionalEncoding`` subclass under its name, with its ``Opt
 from __future__ import annotations
 
 import difflib
-import importlib
-import pkgutil
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Iterable
 
 from tape.errors import ConfigError
 from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionLimit, PositionState
+from tape.registry import Registry
 
 if TYPE_CHECKING:
     from tape.model.config import ModelConfig
 
-_REGISTRY: dict[str, type[PositionalEncoding]] = {}
-T = TypeVar("T", bound=type[PositionalEncoding])
-_NOT_ENCODINGS = {"base"}
-
-
-def register(name: str) -> Callable[[T], T]:
-    """Class decorator: make a PositionalEncoding available under ``name``."""
-
-    def deco(cls: T) -> T:
-        if name in _REGISTRY:
-            raise ValueError(f"positional encoding {name!r} is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+_ENCODINGS: Registry[type[PositionalEncoding]] = Registry(__name__, "positional encoding")
+register = _ENCODINGS.register  # class decorator: make a PositionalEncoding available under a name
 
 
 def names() -> list[str]:
     """Sorted names of every registered positional encoding."""
-    return sorted(_REGISTRY)
+    return _ENCODINGS.names()
 
 
 def get(name: str) -> type[PositionalEncoding]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown positional encoding {name!r}; choose one of {names()}") from None
+    cls = _ENCODINGS.find(name)
+    if cls is None:
+        raise KeyError(f"unknown positional encoding {name!r}; choose one of {names()}")
+    return cls
 
 
 def display(name: str) -> str:
     """The paper's spelling of an encoding's name (the name itself when it has none)."""
-    return (_REGISTRY[name].display or name) if name in _REGISTRY else name
+    cls = _ENCODINGS.find(name)
+    return (cls.display or name) if cls is not None else name
 
 
 def option_names() -> set[str]:
     """Every option any registered encoding declares."""
-    return {key for cls in _REGISTRY.values() for key in cls.Options.names()}
+    return {key for cls in _ENCODINGS for key in cls.Options.names()}
 
 
 def options(cfg: "ModelConfig") -> PEOptions:
@@ -99,14 +85,14 @@ def legacy_options(values: dict[str, Any]) -> dict[str, Any]:
     if "pe_options" in values:
         return dict(values)
     flat = option_names()
-    chosen = set(get(values.get("pe", "rope")).Options.names()) if values.get("pe", "rope") in _REGISTRY else set()
+    chosen = set(get(values.get("pe", "rope")).Options.names()) if values.get("pe", "rope") in _ENCODINGS else set()
     kept = {k: v for k, v in values.items() if k not in flat}
     kept["pe_options"] = {k: v for k, v in values.items() if k in chosen}
     return kept
 
 
 def _name_problems(name: str) -> list[str]:
-    if name in _REGISTRY:
+    if name in _ENCODINGS:
         return []
     return [f"pe={name!r} is not a registered positional encoding; choose one of {names()}"]
 
@@ -125,14 +111,7 @@ def _shape_problems(cls: type[PositionalEncoding], cfg: "ModelConfig") -> list[s
     return []
 
 
-def _import_encodings() -> None:
-    """Import every module of this package (each registers itself)."""
-    for module in pkgutil.iter_modules(__path__):
-        if module.name not in _NOT_ENCODINGS and not module.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{module.name}")
-
-
-_import_encodings()
+_ENCODINGS.import_all()
 
 __all__ = ["LayerPE", "PEOptions", "PositionLimit", "PositionState", "PositionalEncoding", "build",
            "check", "display", "get", "legacy_options", "names", "option_names", "options",
