@@ -32,6 +32,13 @@ def model_config(cfg: DictConfig) -> ModelConfig:
         ) from None
 
 
+def check_model_vocab(mc: ModelConfig, need: int, vocabulary: str) -> None:
+    """Fail when model.vocab_size cannot hold the task's ``need`` tokens (its ``vocabulary``)."""
+    if mc.vocab_size < need:
+        raise PipelineConfigError(f"model.vocab_size={mc.vocab_size} is smaller than the {vocabulary} "
+                                  f"({need}); leave it at ${{task.vocab_size}}")
+
+
 def check_position_range(mc: ModelConfig, eval_len: int, eval_key: str) -> None:
     """Fail when evaluation needs positions that an absolute-position PE never trained on."""
     import tape.pe as pe_registry

@@ -14,7 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.tasks import counting as task
+from pipelines import tasks
+from pipelines.tasks import counting
 import task_checks
 from project_copy import REPO, run_python
 from tape.data.counting import (
@@ -23,6 +24,8 @@ from tape.data.counting import (
 )
 from tape.data.labels import IGNORE_INDEX
 from tape.data.synthetic import ANSWER, PADDING
+
+task = tasks.get("counting")
 
 VARIABLES, MAX_INCREMENTS = 4, 8
 
@@ -142,7 +145,7 @@ def test_evaluate_counts_right_answers(make_cfg, tmp_path: Path) -> None:
     assert list(rows[0]) == ["ops", "tokens", "sequences", "answer_accuracy"]
     assert [int(r["ops"]) for r in rows] == list(range(1, 13))
     for r in rows:  # "always c0" is right exactly on the answers that are c0
-        tokens, roles = eval_set(int(t.eval_seed), int(r["ops"]), int(t.eval_sequences), *task.generator_args(t))
+        tokens, roles = eval_set(int(t.eval_seed), int(r["ops"]), int(t.eval_sequences), *counting.generator_args(t))
         answers = tokens[roles == ANSWER]
         assert float(r["answer_accuracy"]) == pytest.approx(100.0 * (answers == first_count(variables)).mean())
     assert zero["answer_accuracy_ood"] == pytest.approx(np.mean([float(r["answer_accuracy"]) for r in rows[4:]]))
@@ -158,7 +161,7 @@ def test_prepare_sizes_vocabulary_and_length(make_cfg) -> None:
     assert (cfg.task.vocab_size, cfg.task.seq_len) == (6 + 2 + 3, 4 + 3 + 4)
     assert (cfg.model.vocab_size, cfg.model.max_seq_len) == (11, 11)
     assert task.positions_needed(cfg.task) == (12 + 3 + 4, "task.eval_multiplier")
-    assert task.eval_ops(checked(make_cfg, "task.eval_every=3").task) == [3, 4, 6, 8, 9, 12]
+    assert task.sizes(checked(make_cfg, "task.eval_every=3").task) == [3, 4, 6, 8, 9, 12]
 
 
 @pytest.mark.parametrize("override, message", [

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.tasks import mqar as task
+from pipelines import tasks
 import task_checks
 from project_copy import REPO, run_python
 from tape.data.labels import IGNORE_INDEX
@@ -23,6 +23,8 @@ from tape.data.mqar import (
     training_set, vocab_size,
 )
 from tape.data.synthetic import ANSWER, GIVEN, PADDING
+
+task = tasks.get("mqar")
 
 KEYS, VALUES = 64, 64
 
@@ -133,7 +135,7 @@ def test_prepare_sizes_vocabulary_and_length(make_cfg) -> None:
     assert (cfg.task.vocab_size, cfg.task.seq_len) == (3 + 64 + 64, 14)
     assert (cfg.model.vocab_size, cfg.model.max_seq_len) == (131, 14)
     assert task.positions_needed(cfg.task) == (38, "task.eval_multiplier")
-    assert task.eval_pairs(checked(make_cfg, "task.eval_every=2").task) == [2, 3, 4, 6, 8, 9]
+    assert task.sizes(checked(make_cfg, "task.eval_every=2").task) == [2, 3, 4, 6, 8, 9]
 
 
 @pytest.mark.parametrize("override, message", [

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.errors import PipelineConfigError
-from pipelines.tasks import parity as task
+from pipelines import tasks
 import task_checks
 from project_copy import REPO, run_python
 from tape.data.labels import IGNORE_INDEX
@@ -24,6 +24,8 @@ from tape.data.parity import (
     training_batch, training_set, vocab_size,
 )
 from tape.data.synthetic import ANSWER, COPY, GIVEN, PADDING, STEP, SeededBatches
+
+task = tasks.get("parity")
 
 MNEMONICS = 64
 
@@ -190,9 +192,9 @@ def test_prepare_sizes_vocabulary_and_length(make_cfg, fmt: str, vocab: int, seq
     assert (cfg.task.vocab_size, cfg.task.seq_len) == (vocab, seq_len)
     assert (cfg.model.vocab_size, cfg.model.max_seq_len) == (vocab, seq_len)
     assert task.positions_needed(cfg.task) == (sequence_length(fmt, 12), "task.eval_multiplier")
-    assert task.eval_bits(cfg.task) == list(range(1, 13))
+    assert task.sizes(cfg.task) == list(range(1, 13))
     assert checked(make_cfg, "task.eval_every=5").task.eval_multiplier == 3
-    assert task.eval_bits(checked(make_cfg, "task.eval_every=5").task) == [4, 5, 8, 10, 12]
+    assert task.sizes(checked(make_cfg, "task.eval_every=5").task) == [4, 5, 8, 10, 12]
 
 
 @pytest.mark.parametrize("override, message", [

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.tasks import selective_copy as task
+from pipelines import tasks
 import task_checks
 from project_copy import REPO, run_python
 from tape.data.labels import IGNORE_INDEX
@@ -23,6 +23,8 @@ from tape.data.selective_copy import (
     vocab_size,
 )
 from tape.data.synthetic import ANSWER, PADDING
+
+task = tasks.get("selective_copy")
 
 TOKENS = 16
 
@@ -145,7 +147,7 @@ def test_prepare_sizes_vocabulary_and_length(make_cfg) -> None:
     assert (cfg.task.vocab_size, cfg.task.seq_len) == (4 + 8, 4 + 2 + 2)
     assert (cfg.model.vocab_size, cfg.model.max_seq_len) == (12, 8)
     assert task.positions_needed(cfg.task) == (16, "task.eval_multiplier")
-    assert task.eval_lengths(checked(make_cfg, "task.eval_every=3").task) == [3, 4, 6, 8, 9, 12]
+    assert task.sizes(checked(make_cfg, "task.eval_every=3").task) == [3, 4, 6, 8, 9, 12]
 
 
 @pytest.mark.parametrize("override, message", [

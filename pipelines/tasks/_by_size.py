@@ -1,6 +1,7 @@
-"""Evaluation by problem size for the variable-length synthetic tasks (parity: bits, MQAR: pairs,
-selective copy: slots, counting: operations): the tested sizes, teacher-forced scoring of fixed
-test sets, one CSV row per size, and the summary metrics.
+"""The variable-length synthetic tasks (parity: bits, MQAR: pairs, selective copy: slots,
+counting: operations): :class:`SizedTask` (their config checks, data module and evaluation, once),
+the tested sizes, teacher-forced scoring of fixed test sets, one CSV row per size, and the summary
+metrics.
 
 Not a task (the registry skips modules whose name starts with ``_``)."""
 
@@ -8,12 +9,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
+from omegaconf import DictConfig, open_dict
 
+from pipelines.errors import PipelineConfigError
+from pipelines.models import check_model_vocab, check_position_range, model_config
 from pipelines.result_files import write_csv
-from tape.data.synthetic import ANSWER, STEP, scored_roles, teacher_forced_hits
+from pipelines.tasks.base import Task, WandbTable
+from tape.data.synthetic import ANSWER, STEP, as_batch, scored_roles, teacher_forced_hits
+from tape.lightning.synthetic import SyntheticDataModule
+
+TestSet = Callable[[int], tuple[np.ndarray, np.ndarray]]  # size -> (tokens, roles), each (B, T)
 
 
 def tested_sizes(trained_max: int, multiplier: int, every: int, smallest: int = 1) -> list[int]:
@@ -85,3 +93,121 @@ def evaluate_to_csv(model: Any, sizes: Sequence[int], test_set: Callable[[int], 
     write_csv(rows, list(rows[0]), csv_path)
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
+
+
+class SizedTask(Task):
+    """A task trained on sizes in [task.<min_key>, task.<max_key>] and tested at every size up to
+    task.eval_multiplier times the largest; ``task.vocab_size`` and ``task.seq_len`` are null in
+    its config and filled by :meth:`prepare`. A subclass names its keys and gives its generators."""
+
+    size_key: ClassVar[str]  # the CSV column of the size ("bits")
+    unit: ClassVar[str]  # one size unit in messages ("a 4-bit training example")
+    min_key: ClassVar[str]
+    max_key: ClassVar[str]
+    positive: ClassVar[tuple[str, ...]]  # task keys that must be >= 1
+    columns: ClassVar[tuple[str, ...]]  # the scores of each size, in % (CSV columns and metrics)
+    vocabulary: ClassVar[str] = "vocabulary"  # its name in messages ("MQAR vocabulary")
+    vocab_formula: ClassVar[str] = ""  # how the vocabulary size follows from task keys
+    fills_from: ClassVar[str]  # the task keys vocab_size and seq_len follow from
+
+    # ---------------------------------------------------------------- what a task gives
+    def vocab_size(self, t: DictConfig) -> int:
+        """Tokens of the task's vocabulary."""
+        raise NotImplementedError
+
+    def sequence_length(self, t: DictConfig, size: int) -> int:
+        """Tokens of a sequence of ``size``."""
+        raise NotImplementedError
+
+    def training_batch(self, t: DictConfig, rng: np.random.Generator, batch: int) -> dict[str, Any]:
+        """A random training batch (input_ids, labels) of sizes in the training range."""
+        raise NotImplementedError
+
+    def validation_set(self, t: DictConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed validation sequences (tokens, roles)."""
+        raise NotImplementedError
+
+    def test_set(self, t: DictConfig) -> TestSet:
+        """size -> the fixed test sequences of that size (tokens, roles)."""
+        raise NotImplementedError
+
+    def check_task(self, t: DictConfig) -> None:
+        """The task's own checks, after the sizes' (default: none)."""
+
+    def vocabulary_name(self, t: DictConfig) -> str:
+        """The vocabulary as messages name it (default: ``vocabulary``)."""
+        return self.vocabulary
+
+    def score_copies(self, t: DictConfig) -> bool:
+        """Whether copied tokens are scored and trained on (default: no)."""
+        return False
+
+    def sizes(self, t: DictConfig) -> list[int]:
+        """The tested sizes: every ``eval_every``-th up to eval_multiplier x the largest trained,
+        and each k times it."""
+        return tested_sizes(int(t[self.max_key]), int(t.eval_multiplier), int(t.eval_every))
+
+    def csv_columns(self, t: DictConfig) -> dict[str, Any]:
+        """Columns written first in every CSV row (default: none)."""
+        return {}
+
+    # ---------------------------------------------------------------- the Task hooks
+    @property
+    def csv_name(self) -> str:
+        return f"{self.name}.csv"
+
+    @property
+    def wandb_tables(self) -> dict[str, WandbTable]:  # type: ignore[override]
+        return {self.csv_name: WandbTable(f"eval/{self.name}")}
+
+    def prepare(self, cfg: DictConfig) -> None:
+        """Fill ``task.vocab_size`` and ``task.seq_len`` (null) from the task's keys."""
+        t = cfg.task
+        with open_dict(cfg):
+            if t.get("vocab_size") is None:
+                t.vocab_size = self.vocab_size(t)
+            if t.get("seq_len") is None:
+                t.seq_len = self.sequence_length(t, int(t[self.max_key]))
+
+    def positions_needed(self, task_cfg: DictConfig) -> tuple[int, str]:
+        """Tokens of the longest test sequence, and the key that sets it."""
+        return self.sequence_length(task_cfg, max(self.sizes(task_cfg))), "task.eval_multiplier"
+
+    def validate(self, cfg: DictConfig) -> None:
+        """Every impossible setting, before anything trains; each message names the key."""
+        t = cfg.task
+        for key in self.positive:
+            if int(t[key]) < 1:
+                raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
+        if int(t[self.min_key]) > int(t[self.max_key]):
+            raise PipelineConfigError(f"task.{self.min_key}={t[self.min_key]} must be <= "
+                                      f"task.{self.max_key}={t[self.max_key]}")
+        self.check_task(t)
+        if t.vocab_size is None or t.seq_len is None:
+            raise PipelineConfigError(f"task.vocab_size / task.seq_len is null: pipelines.train fills them from "
+                                      f"{self.fills_from}; leave them null there")
+        need_vocab, need_len = self.vocab_size(t), self.sequence_length(t, int(t[self.max_key]))
+        formula = f"{self.vocab_formula} = {need_vocab}" if self.vocab_formula else str(need_vocab)
+        if int(t.vocab_size) < need_vocab:
+            raise PipelineConfigError(f"task.vocab_size={t.vocab_size} is smaller than the "
+                                      f"{self.vocabulary_name(t)} ({formula}); leave it null")
+        if int(t.seq_len) < need_len:
+            raise PipelineConfigError(f"task.seq_len={t.seq_len} is shorter than a {t[self.max_key]}-{self.unit} "
+                                      f"training example ({need_len} tokens); leave it null")
+        mc = model_config(cfg)
+        check_model_vocab(mc, need_vocab, self.vocabulary_name(t))
+        check_position_range(mc, int(t.seq_len), f"task.{self.max_key}")
+        check_position_range(mc, *self.positions_needed(t))
+
+    def datamodule(self, cfg: DictConfig) -> SyntheticDataModule:
+        t, seed, copies = cfg.task, int(cfg.seed), self.score_copies(cfg.task)
+        return SyntheticDataModule(lambda rng, b: self.training_batch(t, rng, b),
+                                   lambda: as_batch(*self.validation_set(t, seed), copies),
+                                   int(t.batch_size), seed, int(t.vocab_size))
+
+    def evaluate(self, model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
+        """The scores (%) at every tested size -> <task>.csv + metrics."""
+        t = task_cfg
+        return evaluate_to_csv(model, self.sizes(t), self.test_set(t), int(t.eval_batch_size), self.size_key,
+                               self.columns, int(t[self.max_key]), int(t.eval_multiplier), out_dir / self.csv_name,
+                               self.score_copies(t), **self.csv_columns(t))

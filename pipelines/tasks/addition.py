@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from pipelines.config_checks import require_int
 from pipelines.errors import PipelineConfigError
-from pipelines.models import check_position_range, model_config
+from pipelines.models import check_model_vocab, check_position_range, model_config
 from pipelines.result_files import Row
 from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
@@ -43,11 +43,7 @@ def validate(cfg: DictConfig) -> None:
             "task.max_digits or raise task.eval_max_digits"
         )
     mc = model_config(cfg)
-    if mc.vocab_size < AdditionDataModule.vocab_size:
-        raise PipelineConfigError(
-            f"model.vocab_size={mc.vocab_size} is smaller than the addition vocabulary "
-            f"({AdditionDataModule.vocab_size}); leave it at ${{task.vocab_size}}"
-        )
+    check_model_vocab(mc, AdditionDataModule.vocab_size, "addition vocabulary")
     check_position_range(mc, *positions_needed(t))
     check_abacus_range(mc, int(t.max_digits), "task.max_digits", training=True)
     check_abacus_range(mc, int(t.eval_max_digits), "task.eval_max_digits", training=False)

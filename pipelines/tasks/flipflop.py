@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig
 
 from pipelines.errors import PipelineConfigError
-from pipelines.models import check_position_range, model_config
+from pipelines.models import check_model_vocab, check_position_range, model_config
 from pipelines.result_files import write_csv
 from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
@@ -42,9 +42,7 @@ def validate(cfg: DictConfig) -> None:
         raise PipelineConfigError(f"task.primary_multipliers={list(t.primary_multipliers)} must be "
                                   f"among task.eval_multipliers={mults}")
     mc = model_config(cfg)
-    if mc.vocab_size < VOCAB_SIZE:
-        raise PipelineConfigError(f"model.vocab_size={mc.vocab_size} is smaller than the flip-flop "
-                                  f"vocabulary ({VOCAB_SIZE}); leave it at ${{task.vocab_size}}")
+    check_model_vocab(mc, VOCAB_SIZE, "flip-flop vocabulary")
     check_position_range(mc, max(mults) * int(t.seq_len), "task.eval_multipliers")
 
 

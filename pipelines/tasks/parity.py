@@ -14,107 +14,68 @@ answer token alone is not reported: teacher-forced, it copies p_n from two token
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
+import numpy as np
+from omegaconf import DictConfig
 
 from pipelines.errors import PipelineConfigError
-from pipelines.models import check_position_range, model_config
 from pipelines.tasks import register
-from pipelines.tasks._by_size import evaluate_to_csv, tested_sizes
-from pipelines.tasks.base import Task, WandbTable
-from tape.data.parity import FORMATS, eval_set, sequence_length, training_batch, val_set, vocab_size
-from tape.data.synthetic import as_batch
-from tape.lightning.synthetic import SyntheticDataModule
-
-COLUMNS = ("step_accuracy", "exact_match")
-POSITIVE = ("min_bits", "max_bits", "batch_size", "val_sequences", "eval_sequences", "eval_batch_size",
-            "eval_multiplier", "eval_every")
-
-
-def eval_bits(t: DictConfig) -> list[int]:
-    """The tested lengths: every ``eval_every``-th n up to eval_multiplier * L, and each k * L."""
-    return tested_sizes(int(t.max_bits), int(t.eval_multiplier), int(t.eval_every))
-
-
-def prepare(cfg: DictConfig) -> None:
-    """Fill ``task.vocab_size`` and ``task.seq_len`` (null) from the format and max_bits."""
-    t = cfg.task
-    if t.scratchpad not in FORMATS:
-        return  # validate names the key
-    with open_dict(cfg):
-        if t.get("vocab_size") is None:
-            t.vocab_size = vocab_size(str(t.scratchpad), int(t.mnemonics))
-        if t.get("seq_len") is None:
-            t.seq_len = sequence_length(str(t.scratchpad), int(t.max_bits))
-
-
-def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
-    """Tokens of the longest test sequence, and the key that sets it."""
-    return sequence_length(str(task_cfg.scratchpad), max(eval_bits(task_cfg))), "task.eval_multiplier"
-
-
-def validate(cfg: DictConfig) -> None:
-    """Every impossible parity setting, before anything trains."""
-    t = cfg.task
-    if t.scratchpad not in FORMATS:
-        raise PipelineConfigError(f"task.scratchpad={t.scratchpad!r}; choose one of {list(FORMATS)}")
-    for key in POSITIVE:
-        if int(t[key]) < 1:
-            raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
-    if int(t.min_bits) > int(t.max_bits):
-        raise PipelineConfigError(f"task.min_bits={t.min_bits} must be <= task.max_bits={t.max_bits}")
-    if not isinstance(t.score_copies, bool):
-        raise PipelineConfigError(f"task.score_copies={t.score_copies!r} must be true or false")
-    longest = max(eval_bits(t))
-    if t.scratchpad == "mnemonics" and int(t.mnemonics) < longest:
-        raise PipelineConfigError(f"task.mnemonics={t.mnemonics} anchors cannot label the {longest} bits of "
-                                  f"the longest test string (eval_multiplier x max_bits); raise it")
-    need_vocab = vocab_size(str(t.scratchpad), int(t.mnemonics))
-    if t.vocab_size is None or t.seq_len is None:
-        raise PipelineConfigError("task.vocab_size / task.seq_len is null: pipelines.train fills them from "
-                                  "task.scratchpad and task.max_bits; leave them null there")
-    if int(t.vocab_size) < need_vocab:
-        raise PipelineConfigError(f"task.vocab_size={t.vocab_size} is smaller than the {t.scratchpad} "
-                                  f"vocabulary ({need_vocab}); leave it null")
-    if int(t.seq_len) < sequence_length(str(t.scratchpad), int(t.max_bits)):
-        raise PipelineConfigError(f"task.seq_len={t.seq_len} is shorter than a {t.max_bits}-bit training "
-                                  f"example ({sequence_length(str(t.scratchpad), int(t.max_bits))} tokens); "
-                                  "leave it null")
-    mc = model_config(cfg)
-    if mc.vocab_size < need_vocab:
-        raise PipelineConfigError(f"model.vocab_size={mc.vocab_size} is smaller than the {t.scratchpad} "
-                                  f"vocabulary ({need_vocab}); leave it at ${{task.vocab_size}}")
-    check_position_range(mc, int(t.seq_len), "task.max_bits")
-    check_position_range(mc, *positions_needed(t))
-
-
-def datamodule(cfg: DictConfig) -> SyntheticDataModule:
-    t = cfg.task
-    fmt, lo, hi, k, copies = str(t.scratchpad), int(t.min_bits), int(t.max_bits), int(t.mnemonics), bool(t.score_copies)
-    return SyntheticDataModule(
-        lambda rng, b: training_batch(rng, b, lo, hi, fmt, k, copies),
-        lambda: as_batch(*val_set(int(cfg.seed), int(t.val_sequences), lo, hi, fmt, k), copies),
-        int(t.batch_size), int(cfg.seed), int(t.vocab_size))
-
-
-def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
-    """Step accuracy and exact match (%) at every tested length -> parity.csv + metrics."""
-    t = task_cfg
-    fmt, k = str(t.scratchpad), int(t.mnemonics)
-    return evaluate_to_csv(model, eval_bits(t), lambda n: eval_set(int(t.eval_seed), n, fmt, int(t.eval_sequences), k),
-                           int(t.eval_batch_size), "bits", COLUMNS, int(t.max_bits), int(t.eval_multiplier),
-                           out_dir / "parity.csv", bool(t.score_copies), scratchpad=fmt)
+from pipelines.tasks._by_size import SizedTask, TestSet
+from tape.data import parity
+from tape.data.parity import FORMATS
 
 
 @register("parity")
-class Parity(Task):
+class Parity(SizedTask):
     """Parity with a scratchpad: step accuracy and exact match by string length."""
 
-    wandb_tables = {"parity.csv": WandbTable("eval/parity")}
-    prepare = staticmethod(prepare)
-    validate = staticmethod(validate)
-    datamodule = staticmethod(datamodule)
-    evaluate = staticmethod(evaluate)
-    positions_needed = staticmethod(positions_needed)
+    size_key, unit, min_key, max_key = "bits", "bit", "min_bits", "max_bits"
+    positive = ("min_bits", "max_bits", "batch_size", "val_sequences", "eval_sequences", "eval_batch_size",
+                "eval_multiplier", "eval_every")
+    columns = ("step_accuracy", "exact_match")
+    fills_from = "task.scratchpad and task.max_bits"
+
+    def vocab_size(self, t: DictConfig) -> int:
+        return parity.vocab_size(str(t.scratchpad), int(t.mnemonics))
+
+    def sequence_length(self, t: DictConfig, size: int) -> int:
+        return parity.sequence_length(str(t.scratchpad), size)
+
+    def prepare(self, cfg: DictConfig) -> None:
+        if cfg.task.scratchpad in FORMATS:  # else validate names the key
+            super().prepare(cfg)
+
+    def check_task(self, t: DictConfig) -> None:
+        if not isinstance(t.score_copies, bool):
+            raise PipelineConfigError(f"task.score_copies={t.score_copies!r} must be true or false")
+        longest = max(self.sizes(t))
+        if t.scratchpad == "mnemonics" and int(t.mnemonics) < longest:
+            raise PipelineConfigError(f"task.mnemonics={t.mnemonics} anchors cannot label the {longest} bits of "
+                                      f"the longest test string (eval_multiplier x max_bits); raise it")
+
+    def validate(self, cfg: DictConfig) -> None:
+        if cfg.task.scratchpad not in FORMATS:
+            raise PipelineConfigError(f"task.scratchpad={cfg.task.scratchpad!r}; choose one of {list(FORMATS)}")
+        super().validate(cfg)
+
+    def vocabulary_name(self, t: DictConfig) -> str:
+        return f"{t.scratchpad} vocabulary"
+
+    def score_copies(self, t: DictConfig) -> bool:
+        return bool(t.score_copies)
+
+    def training_batch(self, t: DictConfig, rng: np.random.Generator, batch: int) -> dict[str, Any]:
+        return parity.training_batch(rng, batch, int(t.min_bits), int(t.max_bits), str(t.scratchpad),
+                                     int(t.mnemonics), bool(t.score_copies))
+
+    def validation_set(self, t: DictConfig, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        return parity.val_set(seed, int(t.val_sequences), int(t.min_bits), int(t.max_bits), str(t.scratchpad),
+                              int(t.mnemonics))
+
+    def test_set(self, t: DictConfig) -> TestSet:
+        return lambda n: parity.eval_set(int(t.eval_seed), n, str(t.scratchpad), int(t.eval_sequences),
+                                         int(t.mnemonics))
+
+    def csv_columns(self, t: DictConfig) -> dict[str, Any]:
+        return {"scratchpad": str(t.scratchpad)}

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from pipelines.errors import PipelineConfigError
-from pipelines.models import check_position_range, model_config
+from pipelines.models import check_model_vocab, check_position_range, model_config
 from pipelines.result_files import write_csv
 from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
@@ -72,9 +72,7 @@ def validate(cfg: DictConfig) -> None:
                                   f"vocabulary ({group.order} elements, <pad>, <bos>: {group.vocab_size}); "
                                   "leave it null")
     mc = model_config(cfg)
-    if mc.vocab_size < group.vocab_size:
-        raise PipelineConfigError(f"model.vocab_size={mc.vocab_size} is smaller than the {group.name} "
-                                  f"vocabulary ({group.vocab_size}); leave it at ${{task.vocab_size}}")
+    check_model_vocab(mc, group.vocab_size, f"{group.name} vocabulary")
     check_position_range(mc, int(t.seq_len) + int(t.bos) + 1, "task.seq_len")  # + the answer slot
     check_position_range(mc, *positions_needed(t))
 
