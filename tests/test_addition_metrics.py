@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from tape.data.addition import EOS, PAD, cell_examples, decode, encode
+from tape.data.addition import EOS, cell_examples, decode, encode
 from tape.metrics.arithmetic import (
     Cell, digits_right, evaluate_grid, exact_match, merge_grids, read_grid_csv, summarize,
     write_grid_csv,

@@ -4,7 +4,6 @@ made up for the test and never leaves tmp_path."""
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest

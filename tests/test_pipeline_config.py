@@ -22,7 +22,7 @@ from pipelines.preflight import unknown_choice
 from pipelines import tasks
 from pipelines.tasks import addition
 from pipelines.train import build_module
-from tape.model import DecoderLM, ModelConfig
+from tape.model import DecoderLM
 
 TRAIN_FAMILIES = ("addition", "pretrain", "scrolls")  # experiments run by pipelines.train
 PRESETS = sorted(

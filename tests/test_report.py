@@ -496,6 +496,23 @@ def test_rows_of_different_pes_with_different_settings_are_flagged(tmp_path: Pat
     assert "Not like for like" in md and "rope: trainer.max_steps=12; tape: trainer.max_steps=6" in md
 
 
+def test_an_option_that_makes_another_method_gets_its_own_named_row(tmp_path: Path) -> None:
+    """FoX runs with pe.fox_gate=cable are CABLE: their own row under that name, even where they
+    outnumber the FoX runs (the main row of a PE is its most-seeded setting)."""
+    runs = tmp_path / "runs"
+    for seed, gate, mean, name in [(0, "cable", 30.0, "20261123-100000-aaaaaa"),
+                                   (1, "cable", 50.0, "20261123-100100-aaaaaa"),
+                                   (0, "fox", 10.0, "20261123-100200-aaaaaa")]:
+        config = json.loads(json.dumps(SMOKE_CFG))
+        config["pe"] = {"name": "fox", "fox_gate": gate}
+        make_run(runs, "addition/smoke", "fox", seed, name, addition_metrics(mean), config)
+    render(runs, tmp_path / "results", ["smoke"])
+    rows = read_csv(tmp_path / "results/tables/addition_smoke.csv")
+    mean_col = next(c for c in rows["FoX"] if c.endswith("mean accuracy (%)"))
+    assert rows["FoX"]["seeds"] == "1" and float(rows["FoX"][mean_col]) == 10.0
+    assert rows["CABLE"]["seeds"] == "2" and float(rows["CABLE"][mean_col]) == 40.0
+
+
 def test_settings_differ_only_in_shared_keys_outside_the_ignored_ones() -> None:
     from tape.report.settings import NOT_SETTINGS, differences, same_setting
 

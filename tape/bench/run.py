@@ -14,7 +14,7 @@ from tape.bench.attention_op import build_attention_op
 from tape.bench.flops import META, count_flops, model_costs
 from tape.bench.machine import library_versions, machine_info, peak_bf16_flops
 from tape.bench.memory import cuda_peak_bytes, rss_in_subprocess, saved_tensor_bytes, saved_tensors_by_shape
-from tape.bench.timing import Timing, paired_ratio, time_interleaved
+from tape.bench.timing import paired_ratio, time_interleaved
 from tape.bench.train_step import TrainStep
 from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, make_variants
 from tape.kernels import triton_available

@@ -3,7 +3,7 @@ pre-tokenised rows (fine-tuning). Training streams are seeded per batch index (e
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import lightning as L
 import numpy as np

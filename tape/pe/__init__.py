@@ -38,6 +38,13 @@ def display(name: str) -> str:
     return (cls.display or name) if cls is not None else name
 
 
+def variant(name: str, option: str, value: Any) -> str | None:
+    """The display name of the method that ``option=value`` makes of encoding ``name`` (None:
+    the encoding's own)."""
+    cls = _ENCODINGS.find(name)
+    return cls.variants.get(option, {}).get(str(value)) if cls is not None else None
+
+
 def option_names() -> set[str]:
     """Every option any registered encoding declares."""
     return {key for cls in _ENCODINGS for key in cls.Options.names()}
@@ -115,4 +122,4 @@ _ENCODINGS.import_all()
 
 __all__ = ["LayerPE", "PEOptions", "PositionLimit", "PositionState", "PositionalEncoding", "build",
            "check", "display", "get", "legacy_options", "names", "option_names", "options",
-           "position_limit", "register"]
+           "position_limit", "register", "variant"]

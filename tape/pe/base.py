@@ -134,6 +134,8 @@ class PositionalEncoding(nn.Module):
     name: ClassVar[str] = ""
     display: ClassVar[str] = ""
     """The paper's spelling of the name, for tables ("" = the name)."""
+    variants: ClassVar[dict[str, dict[str, str]]] = {}
+    """Display names of option values that make another published method: option -> value -> name."""
     Options: ClassVar[type[PEOptions]] = PEOptions
     rotary: ClassVar[bool] = False
     """True when the PE rotates channel pairs (needs an even head dim)."""

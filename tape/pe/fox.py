@@ -121,6 +121,7 @@ class FoX(PositionalEncoding):
     """Options: ``fox_gate`` (fox | cable), ``fox_decay_min`` (16), ``fox_decay_max`` (1024)."""
 
     display = "FoX"
+    variants = {"fox_gate": {"cable": "CABLE"}}
     reads_positions = False
     materialises_bias = True
     Options = FoXOptions

@@ -67,6 +67,13 @@ EXTENSION_METHODS = ("base", "lora", "longlora", "theta", "tape")
 
 def display(name: str) -> str:
     """The paper's spelling of a PE or method name (unknown names unchanged); a row set apart,
-    ``"tape [trainer.max_steps=600]"``, keeps its bracket."""
+    ``"tape [trainer.max_steps=600]"``, keeps its bracket, unless its one option names another
+    method (``"fox [pe.fox_gate=cable]"`` -> ``"CABLE"``, tape.pe's ``variants``)."""
     base, bracket, rest = name.partition(" [")
+    setting, close, after = rest.partition("]")
+    key, equals, value = setting.partition("=")
+    if bracket and close and equals and key.startswith("pe.") and "," not in setting:
+        named = pe_registry.variant(base, key.removeprefix("pe."), value)
+        if named:  # a row set apart by one option that names another method: "CABLE"
+            return named + after
     return (DISPLAY.get(base) or pe_registry.display(base)) + bracket + rest

@@ -73,6 +73,18 @@ class Run:
         return str((self.config().get("task") or {}).get("name", self.family))
 
     @property
+    def method(self) -> str:
+        """The row a run belongs to: its ``pe``, or ``"<pe> [pe.<option>=<value>]"`` when one of
+        its PE options makes another published method (tape.pe ``variants``: FoX's CABLE gate)."""
+        import tape.pe as pe_registry
+
+        options = self.config().get("pe") or {}
+        for option, value in options.items() if isinstance(options, dict) else ():
+            if pe_registry.variant(self.pe, option, value):
+                return f"{self.pe} [pe.{option}={value}]"
+        return self.pe
+
+    @property
     def variant(self) -> bool:
         """A run of our own variant of a protocol, kept out of the paper-style tables: context
         extension with passkey rows mixed into the extension (``extend.passkey_rows > 0``)."""
