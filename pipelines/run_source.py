@@ -48,6 +48,18 @@ def find_checkpoint(run_dir: Path, which: str) -> Path:
     return found[-1]
 
 
+def checkpoint_model(values: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's model values in today's layout: the flat PE options of older checkpoints
+    under ``pe_options``, and, with Abacus, the digit ids that checkpoints from before 2026-11-27
+    left null (ModelConfig then read null as the addition vocabulary's digits)."""
+    values = pe_registry.legacy_options(dict(values))
+    if values.get("abacus") and values.get("abacus_digit_ids") is None:
+        from tape.data.addition import DIGIT_IDS
+
+        values["abacus_digit_ids"] = list(DIGIT_IDS)
+    return values
+
+
 def run_books(data_dir: str, vocab_size: int, heldout_percent: int = 10) -> Any:
     """The books corpus a run trained on (its tokenizer and token files), built if missing."""
     from tape.data.corpus import CorpusUnavailable
@@ -84,7 +96,7 @@ class RunSource:
         """The DecoderLM's config (None for Hugging Face models), read from the checkpoint."""
         if self.ckpt is None:
             return None
-        return ModelConfig.from_dict(pe_registry.legacy_options(self._checkpoint["hyper_parameters"]["model"]))
+        return ModelConfig.from_dict(checkpoint_model(self._checkpoint["hyper_parameters"]["model"]))
 
     def labels(self) -> dict[str, Any]:
         """Who was evaluated, for metrics.json."""
@@ -109,7 +121,8 @@ class RunSource:
 
             state = self._checkpoint
             del self.__dict__["_checkpoint"]  # the weights live in the model from here on
-            module = CausalLMModule(**state["hyper_parameters"])
+            hparams = state["hyper_parameters"]
+            module = CausalLMModule(**{**hparams, "model": checkpoint_model(hparams["model"])})
             module.load_state_dict(state["state_dict"])
             return module.model.to(device).eval(), {"steps": int(state["global_step"])}
         from transformers import AutoModelForCausalLM

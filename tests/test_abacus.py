@@ -19,7 +19,6 @@ from tape.data.addition import DIGIT_IDS, EOS, VOCAB_SIZE, AdditionExample, enco
 from tape.metrics.arithmetic import DigitsThenEos
 from tape.model import ConfigError, DecoderLM, ModelConfig
 from tape.model.abacus import AbacusEmbedding, digit_indices
-from tape.model.config import ADDITION_DIGIT_IDS
 from tape.model.generate import greedy_generate
 from tape.model.pairing import pair_initial_weights
 
@@ -28,15 +27,20 @@ DIGITS = torch.tensor(DIGIT_IDS)
 
 def small(pe: str = "rope", **kw) -> ModelConfig:
     return ModelConfig(vocab_size=VOCAB_SIZE, n_layers=2, d_model=32, n_heads=4, max_seq_len=64,
-                       pe=pe, abacus=True, **kw)
+                       pe=pe, abacus=True, abacus_digit_ids=list(DIGIT_IDS), **kw)
 
 
 def indices_of(text: str) -> list[int]:
     return digit_indices(torch.tensor([encode(text)]), DIGITS)[0].tolist()
 
 
-def test_default_digits_are_the_addition_vocabulary() -> None:
-    assert ADDITION_DIGIT_IDS == DIGIT_IDS
+def test_the_addition_task_gives_its_digits_to_abacus() -> None:
+    from conftest import compose_config
+
+    cfg = compose_config("config", ["experiment=addition_c1/smoke", "model.abacus=true"])
+    assert tuple(cfg.model.abacus_digit_ids) == DIGIT_IDS  # conf/task/addition.yaml digit_ids
+    other = compose_config("config", ["experiment=flipflop/smoke"])
+    assert other.model.abacus_digit_ids is None  # a task without digits gives none
 
 
 def test_indices_on_written_sums() -> None:
@@ -165,7 +169,9 @@ def test_config_errors_name_the_key() -> None:
         small(abacus_max_index=0)
     with pytest.raises(ConfigError, match="abacus_max_offset=-1 must be >= 0"):
         small(abacus_max_offset=-1)
-    with pytest.raises(ConfigError, match=r"abacus_digit_ids=None .* out of range: \[10, 11, 12, 13\]"):
+    with pytest.raises(ConfigError, match=r"abacus_digit_ids=\[4, 12\] must be token ids .* out of range: \[12\]"):
+        ModelConfig(vocab_size=10, n_layers=1, d_model=16, n_heads=2, abacus=True, abacus_digit_ids=[4, 12])
+    with pytest.raises(ConfigError, match=r"abacus_digit_ids is empty but abacus=true: set it"):
         ModelConfig(vocab_size=10, n_layers=1, d_model=16, n_heads=2, abacus=True)
     ModelConfig(vocab_size=10, n_layers=1, d_model=16, n_heads=2, abacus=False)  # off: not checked
     model = DecoderLM(small(abacus_max_index=4, abacus_max_offset=0)).eval()
@@ -203,6 +209,16 @@ def test_smoke_run_tape_with_abacus(make_cfg) -> None:
     assert config["model"]["abacus"] is True and config["model"]["abacus_max_offset"] == 4
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["state_dict"]["model.abacus.table.weight"].shape == (16, cfg.model.d_model)
+    assert state["hyper_parameters"]["model"]["abacus_digit_ids"] == list(DIGIT_IDS)
+    # a checkpoint from before the task gave the digits (null ids) loads with the addition digits
+    from pipelines.run_source import open_run
+
+    state["hyper_parameters"]["model"]["abacus_digit_ids"] = None
+    torch.save(state, run / "checkpoints" / "last.ckpt")
+    source = open_run(run)
+    assert source.model_config().digit_token_ids == list(DIGIT_IDS)
+    model, _ = source.load_model("cpu")
+    assert model.abacus.digit_ids.tolist() == list(DIGIT_IDS)
 
 
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "paper"])

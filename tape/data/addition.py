@@ -187,7 +187,7 @@ class AdditionStream(IterableDataset):
 # ---------------------------------------------------------------------------- asking a model
 PROMPT_CHARS = frozenset("0123456789+=")
 _SUM = re.compile(r"([0-9]+)\+([0-9]+)=")
-DIGIT_IDS = tuple(TOKEN_ID[d] for d in "0123456789")  # == tape.model.config.ADDITION_DIGIT_IDS (tested)
+DIGIT_IDS = tuple(TOKEN_ID[d] for d in "0123456789")  # == conf/task/addition.yaml digit_ids (tested)
 
 
 def parse_sum(prompt: str) -> AdditionExample:

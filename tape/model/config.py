@@ -8,8 +8,6 @@ from typing import Any, Collection, Literal
 
 from tape.errors import ConfigError
 
-ADDITION_DIGIT_IDS = tuple(range(4, 14))  # '0'..'9' in tape/data/addition.py's VOCAB
-
 
 @dataclass
 class ModelConfig:
@@ -54,7 +52,7 @@ class ModelConfig:
     abacus_max_index: int = 32
     """Rows of the index table: the largest index a digit may get (run length + offset)."""
     abacus_digit_ids: list[int] | None = None
-    """Token ids that are digits; None means the addition vocabulary's '0'..'9' (ids 4..13)."""
+    """Token ids that are digits (the task's vocabulary says which; required with ``abacus``)."""
 
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form metadata carried with checkpoints (ignored by the model)."""
@@ -78,7 +76,7 @@ class ModelConfig:
     @property
     def digit_token_ids(self) -> list[int]:
         """The token ids Abacus treats as digits."""
-        return list(self.abacus_digit_ids) if self.abacus_digit_ids is not None else list(ADDITION_DIGIT_IDS)
+        return list(self.abacus_digit_ids or [])
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
@@ -127,12 +125,12 @@ class ModelConfig:
             )
         digits = self.digit_token_ids
         bad = [i for i in digits if not 0 <= int(i) < self.vocab_size]
-        if not digits or bad:
-            problems.append(
-                f"abacus_digit_ids={self.abacus_digit_ids} must be a non-empty list of token ids "
-                f"in [0, vocab_size={self.vocab_size}); out of range: {bad}"
-                + (" (the default is the addition vocabulary's digits 4..13)" if self.abacus_digit_ids is None else "")
-            )
+        if not digits:
+            problems.append("abacus_digit_ids is empty but abacus=true: set it to the token ids of the "
+                            "digits (a task with digits fills model.abacus_digit_ids from its vocabulary)")
+        elif bad:
+            problems.append(f"abacus_digit_ids={self.abacus_digit_ids} must be token ids in "
+                            f"[0, vocab_size={self.vocab_size}); out of range: {bad}")
         return problems
 
     # ------------------------------------------------------------------ (de)serialisation
