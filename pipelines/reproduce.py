@@ -346,6 +346,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "their seeds from their plan in conf/claims.yaml")
     p.add_argument("--claims", nargs="+", default=[], metavar="ID",
                    help="run only these claims of conf/claims.yaml (e.g. --claims C2 C3); default: all")
+    p.add_argument("--steps", nargs="+", default=[], metavar="NAME",
+                   help="run only these steps (names as --dry-run lists them, e.g. C3-fire or "
+                        "pretrain), in the profile's order; default: all")
     p.add_argument("--runs", type=Path, default=Path("runs"))
     p.add_argument("--out", type=Path, default=Path("results"),
                    help="rendered results; the runs' records go to <out>/records/")
@@ -371,13 +374,26 @@ def _profiles_help() -> str:
     return "\n".join(lines)
 
 
+def only_steps(steps: Sequence[Step], names: Sequence[str]) -> list[Step]:
+    """The steps named in ``names`` (all when none is named); an unknown name is an error that
+    lists the profile's step names."""
+    if not names:
+        return list(steps)
+    unknown = sorted(set(names) - {s.name for s in steps})
+    if unknown:
+        raise ValueError(f"--steps {' '.join(unknown)}: no such step in this plan; its steps: "
+                         f"{', '.join(s.name for s in steps)}")
+    return [s for s in steps if s.name in names]
+
+
 def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int:
     args = parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs {args.jobs}: give at least 1 (runs at once)")
     try:
         profile = load_profile(args.profile)
-        steps = plan(args.profile, args.seeds, args.runs, args.scrolls_data, only=args.claims)
+        steps = only_steps(plan(args.profile, args.seeds, args.runs, args.scrolls_data, only=args.claims),
+                           args.steps)
     except ValueError as err:
         raise SystemExit(f"pipelines.reproduce: {err}") from None
     if profile.print_only:

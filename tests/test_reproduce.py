@@ -365,6 +365,22 @@ def test_claims_can_be_chosen_and_an_unknown_id_is_refused(tmp_path: Path) -> No
         reproduce.main(["--claims", "C9", "--dry-run", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path)])
 
 
+def test_steps_can_be_chosen_and_an_unknown_name_is_refused(tmp_path: Path) -> None:
+    launched: list[list[str]] = []
+
+    def runner(launch: reproduce.Launch) -> int:
+        launched.append(list(launch.argv))
+        return 0
+
+    reproduce.main(["--claims", "C3", "--steps", "C3-fire", "C3-alibi", "--runs", str(tmp_path / "runs"),
+                    "--out", str(tmp_path / "results"), "--jobs", "2", "--no-report"], runner=runner)
+    pes = sorted(a for argv in launched for a in argv if a.startswith("pe="))
+    assert pes == ["pe=alibi", "pe=alibi", "pe=fire", "pe=fire"]  # two seeds each, nothing else
+    with pytest.raises(SystemExit, match=r"--steps C3-nothing: no such step in this plan; its steps: .*C3-fire"):
+        reproduce.main(["--claims", "C3", "--steps", "C3-nothing", "--dry-run", "--runs", str(tmp_path / "runs"),
+                        "--out", str(tmp_path)])
+
+
 def test_records_are_written_as_runs_finish_and_count_as_finished(tmp_path: Path) -> None:
     """Issue 22: each finished run leaves a record under <out>/records/ when its command returns;
     a later reproduction with an empty runs/ (a fresh clone) skips what the records hold."""
