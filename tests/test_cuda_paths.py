@@ -73,3 +73,31 @@ def test_add_tape_is_the_identity_at_init(device: str) -> None:
         after = add_tape(model).to(device)(ids).logits
     bound = (1e-4 if device == "cpu" else 5e-4) * float(before.abs().max().clamp_min(1))  # fp32 round-off
     assert float((after - before).abs().max()) <= bound
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("head_dim, n_kv_heads, n", [(64, 4, 256), (128, 2, 200)])
+def test_path_kernel_matches_the_reference(head_dim: int, n_kv_heads: int, n: int) -> None:
+    """PaTH through flash-linear-attention's kernel (bf16 autocast, GQA, N with a tail) against
+    the float64 reference: logits and the transforms' gradients within 3x (or 2e-2 of the
+    largest value) the error of the reference itself under the same autocast."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    pytest.importorskip("fla.ops.path_attn", reason="flash-linear-attention not installed (pip install fla-core)")
+    ids = torch.randint(0, 37, (2, n), generator=torch.Generator().manual_seed(5)).cuda()
+
+    def run(kernel: str, dtype: torch.dtype, autocast: bool) -> list[torch.Tensor]:
+        model = tiny_model("path", n_kv_heads=n_kv_heads, n_heads=4, d_model=4 * head_dim, max_seq_len=n,
+                           path_kernel=kernel).to(device="cuda", dtype=dtype).train()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(ids).logits
+        logits.float().square().mean().backward()
+        pe = model.layers[0].pe
+        return [logits.double(), pe.direction.weight.grad.double(), pe.strength.weight.grad.double()]
+
+    exact = run("reference", torch.float64, autocast=False)
+    eager = run("reference", torch.float32, autocast=True)
+    fused = run("fla", torch.float32, autocast=True)
+    for name, want, ref, got in zip(("logits", "d direction", "d strength"), exact, eager, fused):
+        bound = max(3 * float((ref - want).abs().max()), 2e-2 * float(want.abs().max()))
+        assert float((got - want).abs().max()) <= bound, name

@@ -163,3 +163,73 @@ def test_score_bias_without_before_attention_is_an_error():
     q = torch.randn(1, 4, 5, 8)
     with pytest.raises(RuntimeError, match="before_attention"):
         model.layers[0].pe.score_bias(q, q, model.pe.make_state(pos, pos, torch.float32), None)
+
+
+def run_with_kernel(kernel: str, n_kv_heads: int = 2, n: int = 70, seed: int = 3):
+    """Logits and the transforms' gradients of a head-dim-16 PaTH model at ``path_kernel``."""
+    model = tiny_model("path", n_kv_heads=n_kv_heads, d_model=64, max_seq_len=96, path_kernel=kernel).train()
+    ids = torch.randint(0, 37, (2, n), generator=torch.Generator().manual_seed(seed))
+    logits = model(ids).logits
+    logits.square().mean().backward()
+    pe = model.layers[0].pe
+    return logits, pe.direction.weight.grad, pe.strength.weight.grad
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_reference_equals_flash_linear_attentions_reference(n_kv_heads):
+    """Our (B, H, N, N) computation against flash-linear-attention's own PyTorch reference of the
+    same attention (its chunked algorithm, N = 70 not a multiple of its chunk), GQA included."""
+    naive = pytest.importorskip("fla.ops.path_attn.naive", reason="flash-linear-attention not installed")
+    model = tiny_model("path", dtype=torch.float64, n_kv_heads=n_kv_heads, d_model=64, max_seq_len=96)
+    ids = torch.randint(0, 37, (2, 70), generator=torch.Generator().manual_seed(4))
+    q, k, state = layer_inputs(model, ids)
+    v = torch.randn_like(k)
+    bias = model.layers[0].pe.score_bias(q, k, state, None)
+    groups = q.shape[1] // k.shape[1]
+    logits = q @ k.repeat_interleave(groups, dim=1).transpose(-1, -2) / math.sqrt(16) + bias
+    causal = torch.ones(70, 70, dtype=torch.bool).tril()
+    ours = logits.masked_fill(~causal, float("-inf")).softmax(-1) @ v.repeat_interleave(groups, dim=1)
+    theirs = naive.naive_path_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                   state.directions.transpose(1, 2), state.strengths.transpose(1, 2),
+                                   torch.zeros(2, 70, q.shape[1], dtype=q.dtype), 1 / math.sqrt(16))
+    torch.testing.assert_close(theirs.transpose(1, 2).double(), ours, atol=2e-5, rtol=2e-5)
+
+
+def test_the_kernel_call_is_wired_like_the_reference(monkeypatch):
+    """path_kernel=fla with flash-linear-attention's kernel replaced by its PyTorch reference
+    (the kernel itself runs on CUDA only: tests/test_cuda_paths.py): same logits and gradients
+    as path_kernel=reference, so layouts, head groups and scale are passed right."""
+    ops = pytest.importorskip("fla.ops.path_attn", reason="flash-linear-attention not installed")
+    calls = []
+
+    def reference_kernel(q, k, v, w, beta, g=None, scale=None):
+        calls.append(q.shape)
+        zeros = torch.zeros(*q.shape[:3], dtype=torch.float32)
+        return ops.naive_path_attn(q, k, v, w, beta, zeros, scale).to(q.dtype), None
+
+    monkeypatch.setattr(ops, "parallel_path_attn", reference_kernel)
+    monkeypatch.setattr("tape.pe.path.why_not_fla", lambda q, mask: None)
+    want = run_with_kernel("reference")
+    got = run_with_kernel("fla")
+    assert calls and calls[0] == (2, 70, 4, 16)  # (B, N, H, d): the kernel's layout
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_auto_uses_the_reference_where_the_kernel_cannot_run(monkeypatch):
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("the kernel was called off CUDA")
+
+    monkeypatch.setattr("tape.pe.path.fla_path_attention", no_kernel)
+    for a, b in zip(run_with_kernel("auto"), run_with_kernel("reference")):
+        assert torch.equal(a, b)
+
+
+def test_forcing_the_kernel_where_it_cannot_run_says_why():
+    with pytest.raises(RuntimeError, match=r"path_kernel=fla cannot run this call: it runs on CUDA only"):
+        run_with_kernel("fla")
+
+
+def test_an_unknown_kernel_is_refused_by_name():
+    with pytest.raises(ValueError, match="path_kernel='triton' must be one of"):
+        tiny_model("path", path_kernel="triton")

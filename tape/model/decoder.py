@@ -99,6 +99,9 @@ def attention_forward(
     v = attn.v_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)
     q, k = pe.rotate(q, k, state)
     q, k = q.to(v.dtype), k.to(v.dtype)  # rotated in E's float32: back to the attention's dtype
+    own = pe.attention(q, k, v, state, mask) if cache is None else None  # PaTH's kernel
+    if own is not None:
+        return attn.o_proj(own.transpose(1, 2).reshape(b, n, n_heads * head_dim)), None
     extra = pe.extra_values(state)  # (B, Hkv, N, de) for TAPE, else None
     if cache is not None:
         k, v, extra = cache.update(layer_idx, k, v, extra)

@@ -67,6 +67,13 @@ class LayerPE(nn.Module):
         attention mask (B or 1, 1, N, T) bool (True = may attend), None for plain causal."""
         return None
 
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, state: PositionState,
+                  mask: Tensor | None) -> Tensor | None:
+        """The attention output (B, H, N, d) when this PE computes the whole attention itself for
+        this call (PaTH's fused kernel), else None. Called without a cache only: q (B, H, N, d),
+        k and v (B, Hkv, N, d), mask as for ``score_bias``."""
+        return None
+
     def alibi_slopes(self) -> Tensor | None:
         """(H,) float32 slopes when the bias is ALiBi (lets flash-attn apply it in-kernel)."""
         return None

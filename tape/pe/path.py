@@ -23,12 +23,21 @@ and attention gets the difference from the plain q·k as an additive float32 bia
 keeps, per layer, every key carried through the transforms up to the last cached token
 (``KVCache.pe_rows``); a new chunk continues from them.
 
+On CUDA, ``path_kernel`` (``auto`` by default) sends bf16/fp16 calls without a cache or padding
+mask, at head dim 16, 32, 64 or 128, to flash-linear-attention's chunked kernel
+(``parallel_path_attn``, ``pip install fla-core``; directions and strengths stay float32), which
+never materialises the N x N matrix; every other call, and ``path_kernel=reference``, runs the
+computation above. Both compute the same attention (tests/test_path.py checks ours against
+flash-linear-attention's PyTorch reference; tests/test_cuda_paths.py the kernel, on a GPU).
+
 Not here: the paper's low-rank direction projection with a short convolution (W_w is one linear
-map) and its chunked GPU kernel (flash-linear-attention), which does not install offline.
+map).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -40,8 +49,24 @@ from torch import Tensor, nn
 from tape.pe import register
 from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionState, without_autocast
 
+KERNELS = ("auto", "reference", "fla")
+FLA_HEAD_DIMS = (16, 32, 64, 128)
+
+
+@dataclass
+class PaTHOptions(PEOptions):
+    path_kernel: str = "auto"
+    """``reference`` (ours, every call), ``fla`` (flash-linear-attention's kernel, an error
+    where it cannot run) or ``auto`` (the kernel where it can run, else the reference)."""
+
+    def problems(self, cfg: "ModelConfig") -> list[str]:
+        if self.path_kernel not in KERNELS:
+            return [f"path_kernel={self.path_kernel!r} must be one of {list(KERNELS)}"]
+        return []
+
 if TYPE_CHECKING:
     from tape.model.cache import KVCache
+    from tape.model.config import ModelConfig
 
 
 @dataclass
@@ -77,12 +102,44 @@ def transformed_key_terms(directions: Tensor, strengths: Tensor, keys: Tensor, n
     return torch.matmul(range_transforms(directions, strengths).transpose(-1, -2), projections)
 
 
+@functools.cache
+def fla_installed() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+def why_not_fla(q: Tensor, mask: Tensor | None) -> str | None:
+    """Why flash-linear-attention's kernel cannot run this call (q (B, H, N, d)), or None."""
+    if q.device.type != "cuda":
+        return f"it runs on CUDA only (this call is on {q.device.type})"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"it takes bf16/fp16 q, k, v (these are {q.dtype}; train with bf16 autocast)"
+    if q.shape[-1] not in FLA_HEAD_DIMS:
+        return f"it supports head dims {list(FLA_HEAD_DIMS)} (this model has {q.shape[-1]})"
+    if mask is not None:
+        return "it has no padding mask (this call has one)"
+    if not fla_installed():
+        return "flash-linear-attention is not installed (pip install fla-core einops)"
+    return None
+
+
+def fla_path_attention(q: Tensor, k: Tensor, v: Tensor, directions: Tensor, strengths: Tensor,
+                       scale: float) -> Tensor:
+    """flash-linear-attention's PaTH kernel in this module's layout: q (B, H, N, d), k and v
+    (B, Hkv, N, d), directions (B, Hkv, N, d) and strengths (B, Hkv, N) float32 -> (B, H, N, d)."""
+    from fla.ops.path_attn import parallel_path_attn
+
+    out, _ = parallel_path_attn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                directions.transpose(1, 2), strengths.transpose(1, 2), scale=scale)
+    return out.transpose(1, 2)
+
+
 class PaTHLayer(LayerPE):
-    def __init__(self, d_model: int, n_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, d_model: int, n_kv_heads: int, head_dim: int, kernel: str = "auto") -> None:
         super().__init__()
         self.direction = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
         self.strength = nn.Linear(d_model, n_kv_heads, bias=True)
         self.heads = (n_kv_heads, head_dim)
+        self.kernel = kernel
 
     def transforms(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (B, N, C) -> unit directions (B, Hkv, N, d) and strengths (B, Hkv, N) in (0, 2),
@@ -102,6 +159,21 @@ class PaTHLayer(LayerPE):
         carried = cache.pe_rows[layer_idx] if cache is not None else None
         return replace(state, directions=directions, strengths=strengths, carried_keys=carried,
                        cache=cache, layer_idx=layer_idx)
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, state: PositionState,
+                  mask: Tensor | None) -> Tensor | None:
+        """flash-linear-attention's kernel for this call per ``path_kernel``; None: the reference."""
+        if self.kernel == "reference":
+            return None
+        reason = why_not_fla(q, mask)
+        if reason is not None:
+            if self.kernel == "fla":
+                raise RuntimeError(f"pe.path_kernel=fla cannot run this call: {reason}; "
+                                   "use pe.path_kernel=auto to fall back to the reference")
+            return None
+        if not isinstance(state, PaTHState) or state.directions is None:
+            raise RuntimeError("PaTH's attention needs before_attention to run first in this layer")
+        return fla_path_attention(q, k, v, state.directions, state.strengths, 1.0 / math.sqrt(q.shape[-1]))
 
     def score_bias(self, q: Tensor, k: Tensor, state: PositionState, mask: Tensor | None) -> Tensor:
         """q (B, H, N, d), k (B, Hkv, T, d) every raw key -> (s - q·k/sqrt(d)), (B, H, N, T)
@@ -136,15 +208,16 @@ class PaTHLayer(LayerPE):
 
 @register("path")
 class PaTH(PositionalEncoding):
-    """No options: the transforms' directions and strengths are learned per layer and KV head."""
+    """The transforms' directions and strengths are learned per layer and KV head; the one option
+    picks the kernel."""
 
     display = "PaTH"
     reads_positions = False
     materialises_bias = True  # logits need the (B, H, N, T) matrix of transformed products
-    Options = PEOptions
+    Options = PaTHOptions
 
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
         return PaTHState(query_pos=query_pos, key_pos=key_pos)
 
     def make_layer(self, layer_idx: int) -> LayerPE:
-        return PaTHLayer(self.cfg.d_model, self.cfg.kv_heads, self.cfg.head_dim)
+        return PaTHLayer(self.cfg.d_model, self.cfg.kv_heads, self.cfg.head_dim, self.opts.path_kernel)
