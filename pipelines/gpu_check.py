@@ -18,8 +18,9 @@ overwritten), the training runs in ``runs/gpu-check/<time>/runs``:
    through the kernel, with times and peak memory (``python -m pipelines.gpu_check llama7b``);
 7. throughput dry runs of every paper preset on random weights: step time, tokens/s, peak memory,
    projected hours (``python -m pipelines.gpu_check throughput``; pipelines/throughput.py);
-8. 50 steps of each GPU claim preset (``experiment=<claim>/gpu``), timed, so the GPU profile's
-   minutes can replace their estimates;
+8. 50 steps of each GPU claim preset (``experiment=<claim>/gpu``) and of the addressing tasks'
+   GPU presets (parity, MQAR, selective copy, counting: unsized until then), timed, so the GPU
+   profile's minutes can replace their estimates;
 9. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``).
 
 ``--only WORD[,WORD...]`` runs the steps whose name contains a WORD and ``--budget SECONDS``
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
-GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu")
+GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu", "parity/gpu", "mqar/gpu", "selective_copy/gpu", "counting/gpu")
 TIMED_STEPS = 50
 GPU = ("trainer=gpu", "logger=csv")
 PATHS_TESTS = "tests/test_cuda_paths.py"
