@@ -41,7 +41,7 @@ reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~2 h on 
 	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS) --seeds $(SEEDS) $(if $(CLAIMS),--claims $(CLAIMS))
 
 report:  ## Render results/ from the committed records in results/records (never W&B); your own runs: make report RUNS=runs OUT=runs/report
-	$(BIN)/python -m pipelines.report $(if $(RUNS),--runs $(RUNS)) $(if $(OUT),--out $(OUT)) --carry-over $(REPORT_ARGS)
+	$(BIN)/python -m pipelines.report $(if $(RUNS),--runs $(RUNS)) $(if $(OUT),--out $(OUT)) $(REPORT_ARGS)
 
 notebook:  ## Execute notebooks/results.ipynb on results/ (RESULTS=<dir>: any rendered folder); the copy with figures goes to runs/notebook/
 	mkdir -p runs/notebook
