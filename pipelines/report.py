@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tape.report.records import RecordConflict, export_all
+from pipelines.presets import preset_setting
 from tape.report.render import WouldLoseResults, render
 
 
@@ -63,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.runs = records
     try:
         done = render(args.runs, args.out, args.scales, allow_empty=args.render_empty,
-                      carry_over=args.carry_over)
+                      carry_over=args.carry_over, preset=preset_setting)
     except WouldLoseResults as err:
         carry = "" if args.carry_over else "pass --carry-over to keep the sections whose runs are not here, "
         print(f"pipelines.report: refusing to render into {args.out}/ (nothing written): {err}.\n"

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pipelines.plan import Step, bench_dir, load_profile, plan, profiles
+from pipelines.presets import preset_setting
 from tape.report.claims import lookup
 from tape.report.render import WouldLoseResults, render
 from tape.report.records import RecordConflict, export_all, finished_runs
@@ -417,7 +418,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         try:
             # from the records (the runs of this call and every committed one); sections with no
             # record yet are carried over from the previous render, never lost
-            done = render(args.out / "records", args.out, carry_over=True)
+            done = render(args.out / "records", args.out, carry_over=True, preset=preset_setting)
         except WouldLoseResults as err:
             print(f"report: not rendered, {args.out}/ left as it was: {err}", file=sys.stderr)
             return 1

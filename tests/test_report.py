@@ -484,6 +484,39 @@ def test_runs_that_differ_in_more_than_the_seed_are_never_pooled(tmp_path: Path)
     assert used == {"0": "yes", "1": "yes", "5": "apart: trainer.max_steps=600"}
 
 
+def test_a_table_row_is_the_presets_own_setting_not_a_claim_arm_of_as_many_seeds(tmp_path: Path) -> None:
+    """Two settings with two seeds each, the newer one a claim arm at 600 steps: without a
+    preset the newest wins the tie; with the preset (6 steps) its own runs are the row."""
+    runs = tmp_path / "runs"
+    _smoke_run(runs, 0, 10.0, "20261123-100000-aaaaaa")
+    _smoke_run(runs, 1, 20.0, "20261123-100100-aaaaaa")
+    _smoke_run(runs, 0, 80.0, "20261123-110000-bbbbbb", max_steps=600)
+    _smoke_run(runs, 1, 90.0, "20261123-110100-bbbbbb", max_steps=600)
+    presets = []
+
+    def preset(experiment: str, pe: str) -> dict:
+        presets.append((experiment, pe))
+        return {"trainer.max_steps": 6, "task.max_digits": 2}
+
+    def tape_row(out: Path, **kwargs) -> float:
+        render(runs, out, ["smoke"], **kwargs)
+        row = read_csv(out / "tables/addition_smoke.csv")["TAPE"]
+        return float(next(v for c, v in row.items() if c.endswith("mean accuracy (%)")))
+
+    assert tape_row(tmp_path / "newest") == 85.0
+    assert tape_row(tmp_path / "preset", preset=preset) == 15.0
+    assert ("addition/smoke", "tape") in presets
+
+
+def test_the_preset_setting_is_conf_composed_without_overrides() -> None:
+    from pipelines.presets import preset_setting
+
+    pretrain = preset_setting("pretrain/cpu", "tape")
+    assert pretrain["trainer.max_steps"] == 500 and pretrain["pe.tape_attn_update"] is True
+    assert "seed" not in pretrain and not any(k.startswith("paths.") for k in pretrain)
+    assert preset_setting("addition_c1_pilot/cpu", "rope") is None  # renamed on the command line
+
+
 def test_rows_of_different_pes_with_different_settings_are_flagged(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     _smoke_run(runs, 0, 10.0, "20261123-100000-aaaaaa")

@@ -61,7 +61,7 @@ def build(ctx: Context, scale: str) -> Section:
     """The addition section at ``scale``; figures are drawn under ``ctx.out_dir``/figures."""
     # addition/<scale> only: claim C1's factorial (addition_c1/...) is read by the Claims section
     runs = [r for r in of_scale(ctx.runs, scale, lambda task: task == "addition") if r.family == "addition"]
-    groups = group_by(runs, lambda r: r.method)
+    groups = group_by(runs, lambda r: r.method, preset=ctx.preset)
     finished = [r for g in groups.values() for r in g.finished]
     pooled_rows = [r for g in groups.values() if not g.differs for r in g.finished]
     train = _setting(pooled_rows, "task", "max_digits")

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tape.report.groups import Preset
 from tape.report.runs import Run
 from tape.report.tables import Table, to_markdown
 
@@ -20,6 +21,7 @@ class Context:
     stamp: str  # how this rendering was made (provenance.render_stamp)
     carry_over: bool = False  # keep what the runs here cannot rebuild from the previous render
     records: Path | None = None  # the folder the runs were read from (linked from provenance lines)
+    preset: Preset | None = None  # (experiment, pe) -> the preset's setting: tables prefer its runs
 
     @property
     def records_link(self) -> str:

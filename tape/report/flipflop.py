@@ -57,7 +57,7 @@ def _mean_of(keys: list[str]) -> Callable[[Run], float | None]:
 
 def build(ctx: Context, scale: str) -> Section:
     runs = of_scale(ctx.runs, scale, lambda task: task == "flipflop")
-    groups = group_by(runs, lambda r: r.method)
+    groups = group_by(runs, lambda r: r.method, preset=ctx.preset)
     finished = [r for g in groups.values() for r in g.finished]
     sparsities, mults = _cells(finished)
     seq_len = next((r.config().get("task", {}).get("seq_len") for r in finished

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from tape.report.runs import Run
-from tape.report.settings import NOT_SETTINGS, describe, differences, same_setting, setting_values
+from tape.report.settings import NOT_SETTINGS, departures, describe, differences, same_setting, setting_values
 from tape.report.stats import Missing, Summary, summarize
 
 NOT_RUN = "not run"
@@ -67,13 +67,21 @@ def _by_setting(runs: list[Run]) -> list[list[Run]]:
     return buckets
 
 
-def group_by(runs: Iterable[Run], key: Callable[[Run], str | None]) -> dict[str, Group]:
+Preset = Callable[[str, str], "dict[str, Any] | None"]
+"""(experiment, pe) -> the preset's flat setting, or None (pipelines.presets.preset_setting)."""
+
+
+def group_by(runs: Iterable[Run], key: Callable[[Run], str | None],
+             preset: Preset | None = None) -> dict[str, Group]:
     """Rows keyed by ``key(run)`` (runs where it is None are left out), in first-seen order.
 
     A row pools only runs of one setting (tape.report.settings): the setting with the most
-    finished seeds (ties: the newest run). Runs of any other setting get a row of their own,
-    keyed ``"<key> [<differing keys>]"`` with ``Group.differs`` naming them, and are never
-    averaged in. Variant runs (Run.variant) are left out."""
+    finished seeds (ties: the newest run); given ``preset`` (a paper-style table), the setting
+    closest to the experiment's preset as conf/ has it comes first, so a
+    claim's compute-matched or ablation arm never stands for the encoding. Runs of any other
+    setting get a row of their own, keyed ``"<key> [<differing keys>]"`` with
+    ``Group.differs`` naming them, and are never averaged in. Variant runs (Run.variant) are
+    left out."""
     rows: dict[str, list[Run]] = {}
     for run in runs:
         if (name := key(run)) is not None:
@@ -81,7 +89,12 @@ def group_by(runs: Iterable[Run], key: Callable[[Run], str | None]) -> dict[str,
     groups: dict[str, Group] = {}
     for name, members in rows.items():
         buckets = _by_setting([r for r in members if r.finished and not r.variant])
-        main = max(buckets, key=len, default=[])  # max keeps the first (newest) of equal sizes
+        if preset is not None and len(buckets) > 1:
+            away = [departures(b[0].config(), preset(b[0].experiment, b[0].pe)) for b in buckets]
+            candidates = [b for b, n in zip(buckets, away) if n == min(away)]
+        else:
+            candidates = buckets
+        main = max(candidates, key=len, default=[])  # max keeps the first (newest) of equal sizes
         g = groups.setdefault(name, Group())
         g.finished = sorted(main, key=lambda r: r.seed)
         g.unfinished = [r for r in members if not r.finished and not any(

@@ -22,7 +22,7 @@ DEFAULT_MULTIPLIERS = (1, 2, 4)
 
 def build(ctx: Context, scale: str) -> Section:
     runs = of_scale(ctx.runs, scale, lambda task: task == "pretrain")
-    groups = group_by(runs, lambda r: r.method)
+    groups = group_by(runs, lambda r: r.method, preset=ctx.preset)
     finished = [r for g in groups.values() for r in g.finished]
     mults = sorted({int(m.group(1)) for r in finished for k in (r.metrics or {})
                     if (m := PPL_KEY.match(k))}) or list(DEFAULT_MULTIPLIERS)

@@ -20,6 +20,7 @@ from typing import Callable, NamedTuple, Sequence
 
 from tape.report import addition, claims, efficiency, extension, flipflop, pretrain, scrolls
 from tape.report.document import Context, Section
+from tape.report.groups import Preset
 from tape.report.inventory import FIELDS, inventory_csv, summary_table
 from tape.report.provenance import render_stamp
 from tape.report.runs import Run, find_runs
@@ -199,11 +200,12 @@ class WouldLoseResults(RuntimeError):
 
 
 def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | None = None,
-           allow_empty: bool = False, carry_over: bool = False) -> Rendered:
+           allow_empty: bool = False, carry_over: bool = False, preset: Preset | None = None) -> Rendered:
     """Render every experiment at each scale of ``scales`` (see scales_to_render). Refuses
     (WouldLoseResults, before writing anything) when that would lose a number, unless
     ``allow_empty``; with ``carry_over``, sections none of whose runs is here are carried over
-    from the previous render (see to_carry) rather than lost."""
+    from the previous render (see to_carry) rather than lost; ``preset`` lets the paper-style
+    tables prefer each preset's own runs (pipelines.presets.preset_setting)."""
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     runs = find_runs(runs_dir)
     chosen = scales_to_render([r.scale for r in runs], scales)
@@ -213,7 +215,8 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
         raise WouldLoseResults("; ".join(problems))
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = render_stamp()
-    ctx = Context(runs=runs, out_dir=out_dir, stamp=stamp, carry_over=carry_over, records=runs_dir)
+    ctx = Context(runs=runs, out_dir=out_dir, stamp=stamp, carry_over=carry_over, records=runs_dir,
+                  preset=preset)
     kept: dict[str, Section] = {c.section.title: c.section for c in carried if c.section is not None}
     sections = [kept[title] if (title := exp.title.format(scale=scale)) in kept else exp.build(ctx, scale)
                 for scale in chosen for exp in EXPERIMENTS]

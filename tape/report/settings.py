@@ -19,6 +19,7 @@ NOT_SETTINGS: tuple[str, ...] = (
     "trainer.log_every_n_steps",
     "threads", "reuse_models", "models_dir",
     "task.eval.min_base_passkey",  # a reporting threshold: it flags a run, never changes one
+    "task.data_dir",  # where this checkout keeps the local corpus, not which corpus
 )
 MAX_SHOWN = 3  # differing keys named in a label; the rest are counted
 
@@ -65,3 +66,11 @@ def describe(diff: Mapping[str, Any]) -> str:
     shown = [f"{k}={v}" for k, v in list(diff.items())[:MAX_SHOWN]]
     more = len(diff) - MAX_SHOWN
     return ", ".join(shown) + (f", +{more} more" if more > 0 else "") if diff else "same setting"
+
+
+def departures(config: Mapping[str, Any], preset: Mapping[str, Any] | None) -> int:
+    """How many keys of a run's setting differ from a preset's flat setting (0 without one)."""
+    if preset is None:
+        return 0
+    mine = setting_values(config)
+    return sum(1 for k in preset.keys() & mine.keys() if mine[k] != preset[k])
