@@ -57,7 +57,8 @@ FLA_HEAD_DIMS = (16, 32, 64, 128)
 class PaTHOptions(PEOptions):
     path_kernel: str = "auto"
     """``reference`` (ours, every call), ``fla`` (flash-linear-attention's kernel, an error
-    where it cannot run) or ``auto`` (the kernel where it can run, else the reference)."""
+    where it cannot run) or ``auto`` (the kernel where it can run, else the reference). Calls
+    with a KV cache (cached decoding) always run the reference."""
 
     def problems(self, cfg: "ModelConfig") -> list[str]:
         if self.path_kernel not in KERNELS:
