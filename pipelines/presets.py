@@ -8,28 +8,19 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from pipelines.hydra_conf import CONF_DIR
+from omegaconf import OmegaConf
+
+from pipelines.preflight import compose_or_none
 from tape.report.settings import setting_values
 
 
 @functools.cache
 def preset_setting(experiment: str, pe: str) -> dict[str, Any] | None:
-    """The flat setting of ``experiment=<experiment> pe=<pe>`` as conf/ has it now; None when
-    conf/ has no such preset (an experiment renamed on the command line).
-    Values that still hold an interpolation are left out (the run's resolved value is compared)."""
-    if not (CONF_DIR / "experiment" / f"{experiment}.yaml").is_file():
+    """The flat setting of ``experiment=<experiment> pe=<pe>`` as conf/ has it now; None when it
+    does not compose (an experiment renamed on the command line has no preset). Values that
+    still hold an interpolation are left out (the run's resolved value is compared)."""
+    cfg = compose_or_none("config", [f"experiment={experiment}", f"pe={pe}"])
+    if cfg is None:
         return None
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[f"experiment={experiment}", f"pe={pe}"])
-        config = OmegaConf.to_container(cfg, resolve=False)
-    except Exception:  # noqa: BLE001 - a preset that no longer composes: no preference
-        return None
-    finally:
-        GlobalHydra.instance().clear()
+    config = OmegaConf.to_container(cfg, resolve=False)
     return {k: v for k, v in setting_values(config).items() if not (isinstance(v, str) and "${" in v)}
-

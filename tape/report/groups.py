@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from tape.report.runs import Run
-from tape.report.settings import NOT_SETTINGS, departures, describe, differences, same_setting, setting_values
+from tape.report.settings import NOT_SETTINGS, describe, differences, same_setting, setting_values
 from tape.report.stats import Missing, Summary, summarize
 
 NOT_RUN = "not run"
@@ -71,6 +71,12 @@ Preset = Callable[[str, str], "dict[str, Any] | None"]
 """(experiment, pe) -> the preset's flat setting, or None (pipelines.presets.preset_setting)."""
 
 
+def _distance(bucket: list[Run], preset: Preset) -> int:
+    """How many keys of a bucket's setting differ from its preset's (0 without a preset)."""
+    setting = preset(bucket[0].experiment, bucket[0].pe)
+    return 0 if setting is None else len(differences(bucket[0].config(), setting))
+
+
 def group_by(runs: Iterable[Run], key: Callable[[Run], str | None],
              preset: Preset | None = None) -> dict[str, Group]:
     """Rows keyed by ``key(run)`` (runs where it is None are left out), in first-seen order.
@@ -89,12 +95,8 @@ def group_by(runs: Iterable[Run], key: Callable[[Run], str | None],
     groups: dict[str, Group] = {}
     for name, members in rows.items():
         buckets = _by_setting([r for r in members if r.finished and not r.variant])
-        if preset is not None and len(buckets) > 1:
-            away = [departures(b[0].config(), preset(b[0].experiment, b[0].pe)) for b in buckets]
-            candidates = [b for b, n in zip(buckets, away) if n == min(away)]
-        else:
-            candidates = buckets
-        main = max(candidates, key=len, default=[])  # max keeps the first (newest) of equal sizes
+        rank = len if preset is None or len(buckets) < 2 else lambda b: (-_distance(b, preset), len(b))
+        main = max(buckets, key=rank, default=[])  # max keeps the first (newest) of equal ranks
         g = groups.setdefault(name, Group())
         g.finished = sorted(main, key=lambda r: r.seed)
         g.unfinished = [r for r in members if not r.finished and not any(

@@ -67,10 +67,3 @@ def describe(diff: Mapping[str, Any]) -> str:
     more = len(diff) - MAX_SHOWN
     return ", ".join(shown) + (f", +{more} more" if more > 0 else "") if diff else "same setting"
 
-
-def departures(config: Mapping[str, Any], preset: Mapping[str, Any] | None) -> int:
-    """How many keys of a run's setting differ from a preset's flat setting (0 without one)."""
-    if preset is None:
-        return 0
-    mine = setting_values(config)
-    return sum(1 for k in preset.keys() & mine.keys() if mine[k] != preset[k])
