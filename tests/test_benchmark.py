@@ -112,6 +112,52 @@ def test_saved_tensor_bytes_counts_each_storage_once_and_skips_weights():
     assert saved_tensor_bytes(lambda: x * x) == 8 * 64 * 4
 
 
+def test_train_step_keeps_no_gradients_between_steps():
+    from tape.bench.train_step import TrainStep
+
+    cfg = ModelConfig(vocab_size=32, n_layers=1, d_model=16, n_heads=2, max_seq_len=8)
+    step = TrainStep(cfg, batch=1, seq_len=8, device=torch.device("cpu"))
+    before = [p.detach().clone() for p in step.model.parameters()]
+    step()
+    assert all(p.grad is None for p in step.model.parameters())
+    assert any(not torch.equal(a, p) for a, p in zip(before, step.model.parameters()))  # it stepped
+
+
+def test_train_step_memory_is_measured_with_one_model_resident(monkeypatch):
+    """After the interleaved timing, each variant's memory comes from a fresh model alone on the
+    device (a paper-shape GPU run ran out of memory with all 16 variants resident)."""
+    import gc
+    import weakref
+
+    import tape.bench.run as bench_run
+
+    alive: list[weakref.ref] = []
+    most = {"memory": 0}
+    real_build, real_probe = bench_run.TrainStep, bench_run.saved_tensor_bytes
+
+    def build(*args, **kwargs):
+        step = real_build(*args, **kwargs)
+        alive.append(weakref.ref(step))
+        return step
+
+    def probe(fn, exclude=()):
+        gc.collect()
+        most["memory"] = max(most["memory"], sum(r() is not None for r in alive))
+        return real_probe(fn, exclude)
+
+    monkeypatch.setattr(bench_run, "TrainStep", build)
+    monkeypatch.setattr(bench_run, "saved_tensor_bytes", probe)
+    train = bench_run.TrainSettings(vocab_size=64, n_layers=1, d_model=32, n_heads=2, seq_len=32,
+                                    warmup=1, repeats=2)
+    settings = bench_run.BenchSettings(train=train, rss=False)
+    out = bench_run._train_bench(make_variants(["tape", "rope"], ["fused", "unfused"]), settings,
+                                 torch.device("cpu"), None, lambda msg: None)
+    assert most["memory"] == 1
+    rows = out["rows"]
+    assert all(r["memory"]["saved_activation_bytes"] > 0 for r in rows.values())
+    assert all("saved_by_tensor" in r["memory"] for r in rows.values())  # TAPE and RoPE rows only
+
+
 def test_rss_probe_reports_a_step_peak_in_a_fresh_process():
     cfg = ModelConfig(vocab_size=32, n_layers=1, d_model=16, n_heads=2, max_seq_len=16, pe="rope")
     out = rss_in_subprocess({"model": cfg.to_dict(), "batch": 1, "seq_len": 16, "threads": 1})

@@ -194,20 +194,15 @@ def _train_bench(
         steps[v.label] = TrainStep(cfg, t.batch, t.seq_len, device, autocast, t.lr, s.seed)
     log(f"train step: timing {len(steps)} variants, {t.warmup} warm-up + {t.repeats} interleaved rounds")
     timings = time_interleaved(steps, t.warmup, t.repeats, device)
+    configs = {label: step.model.cfg for label, step in steps.items()}
+    del steps  # memory is measured one variant at a time: 16 resident models would skew and crowd it
+    _release(device)
     tokens = t.batch * t.seq_len
-    for label, step in steps.items():
+    for label, cfg in configs.items():
         row, tm = rows[label], timings[label]
-        params = [p for p in step.model.parameters()]
-        mem: dict[str, Any] = {"saved_activation_bytes": saved_tensor_bytes(step.loss, exclude=params)}
-        if row["pe"] in ("tape", "rope"):  # explains TAPE's memory gap tensor by tensor
-            mem["saved_by_tensor"] = saved_tensors_by_shape(step.loss, exclude=params)
-        if device.type == "cuda":
-            mem["cuda_peak_bytes"] = cuda_peak_bytes(step, device)
         row.update(time_s=tm.to_dict(), steps_per_s=1.0 / tm.median_s,
-                   tokens_per_s=tokens / tm.median_s, memory=mem,
+                   tokens_per_s=tokens / tm.median_s, memory=_step_memory(cfg, row["pe"], t, s.seed, device, autocast),
                    mfu=None if peak is None else row["flops"] / tm.median_s / peak)
-    del steps
-    gc.collect()
     if device.type == "cpu" and s.rss:
         log(f"train step: peak RSS of one step, {len(timings)} fresh processes")
         for v in variants:
@@ -218,6 +213,30 @@ def _train_bench(
             rows[v.label]["memory"].update(rss_in_subprocess(spec))
     return {"config": asdict(t), "autocast": None if autocast is None else str(autocast).removeprefix("torch."),
             "tokens_per_step": tokens, "peak_bf16_flops": peak, "rows": rows, "_timings": timings}
+
+
+def _release(device: torch.device) -> None:
+    """Free what dropped objects held, on the host and in the CUDA caching allocator."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _step_memory(cfg: ModelConfig, pe: str, t: Any, seed: int, device: torch.device,
+                 autocast: torch.dtype | None) -> dict[str, Any]:
+    """Memory of one training step of a freshly built variant, alone on the device, after one
+    warm step (AdamW state allocated, as in steady training)."""
+    step = TrainStep(cfg, t.batch, t.seq_len, device, autocast, t.lr, seed)
+    step()
+    params = list(step.model.parameters())
+    mem: dict[str, Any] = {"saved_activation_bytes": saved_tensor_bytes(step.loss, exclude=params)}
+    if pe in ("tape", "rope"):  # explains TAPE's memory gap tensor by tensor
+        mem["saved_by_tensor"] = saved_tensors_by_shape(step.loss, exclude=params)
+    if device.type == "cuda":
+        mem["cuda_peak_bytes"] = cuda_peak_bytes(step, device)
+    del step, params
+    _release(device)
+    return mem
 
 
 def _memory_keys(row: dict[str, Any]) -> list[str]:

@@ -41,7 +41,7 @@ class TrainStep:
             return lm_loss(self.model, self.ids)
 
     def __call__(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss()
         loss.backward()
         self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # no gradients stay resident between steps
