@@ -19,7 +19,7 @@ overwritten), the training runs in ``runs/gpu-check/<time>/runs``:
 7. throughput dry runs of every paper preset on random weights: step time, tokens/s, peak memory,
    projected hours (``python -m pipelines.gpu_check throughput``; pipelines/throughput.py);
 8. 50 steps of each GPU claim preset (``experiment=<claim>/gpu``) and of the addressing tasks'
-   GPU presets (parity, MQAR, selective copy, counting: unsized until then), timed, so the GPU
+   GPU presets (parity, MQAR, selective copy, counting), timed, so the GPU
    profile's minutes can replace their estimates;
 9. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``).
 
