@@ -156,20 +156,22 @@ def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"
          scrolls_data: Path | None = Path("data/scrolls"), claims: ClaimsConfig | None = None,
          only: Sequence[str] = ()) -> list[Step]:
     """Every experiment of ``profile`` in the order it runs: its claims' arms, its table steps,
-    then the steps of its ``then`` profile; ``only`` keeps the claims with those ids (C1, C3, ...)."""
+    then the steps of its ``then`` profile; ``only`` keeps the claims with those ids (C1, C3, ...)
+    and drops the table steps."""
     cfg = select_claims(claims or load_claims(), only)
-    return _steps(load_profile(profile), cfg, tuple(seeds), runs_dir, scrolls_data)
+    return _steps(load_profile(profile), cfg, tuple(seeds), runs_dir, scrolls_data, tables=not only)
 
 
 def _steps(prof: Profile, cfg: ClaimsConfig, seeds: tuple[int, ...], runs_dir: Path,
-           scrolls_data: Path | None, chain: tuple[str, ...] = ()) -> list[Step]:
+           scrolls_data: Path | None, chain: tuple[str, ...] = (), tables: bool = True) -> list[Step]:
     if prof.name in chain:
         raise ValueError(f"profile {prof.name}: `then` leads back to it ({' -> '.join((*chain, prof.name))})")
     steps = claim_steps(replace(cfg, claims=tuple(c for c in cfg.claims if prof.runs_claim(c))),
                         prof.minutes) if prof.claims is not None else []
-    more = [table_steps(prof, seeds, runs_dir, scrolls_data)]
+    more = [table_steps(prof, seeds, runs_dir, scrolls_data)] if tables else []
     if prof.then:
-        more.append(_steps(load_profile(prof.then), cfg, seeds, runs_dir, scrolls_data, (*chain, prof.name)))
+        more.append(_steps(load_profile(prof.then), cfg, seeds, runs_dir, scrolls_data, (*chain, prof.name),
+                           tables))
     for part in more:  # each part after everything before it
         offset = max((s.wave for s in steps), default=-1) + 1
         steps += [replace(s, wave=s.wave + offset) for s in part]

@@ -346,7 +346,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="seeds of the table steps (profiles tables, cpu-full); claim arms take "
                         "their seeds from their plan in conf/claims.yaml")
     p.add_argument("--claims", nargs="+", default=[], metavar="ID",
-                   help="run only these claims of conf/claims.yaml (e.g. --claims C2 C3); default: all")
+                   help="run only these claims of conf/claims.yaml (e.g. --claims C2 C3), no table "
+                        "steps; default: all")
     p.add_argument("--steps", nargs="+", default=[], metavar="NAME",
                    help="run only these steps (names as --dry-run lists them, e.g. C3-fire or "
                         "pretrain), in the profile's order; default: all")

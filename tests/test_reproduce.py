@@ -361,6 +361,10 @@ def test_dry_run_estimates_the_claims_wall_time(tmp_path: Path, capsys: pytest.C
 def test_claims_can_be_chosen_and_an_unknown_id_is_refused(tmp_path: Path) -> None:
     steps = plan("cpu", runs_dir=tmp_path / "runs", only=("C3",))
     assert steps and {s.experiment for s in steps} == {"flipflop/cpu"}
+    # a profile with table steps (cpu-full: pretrain, addition, benchmark, ...) runs only the claim
+    everything = plan("cpu-full", runs_dir=tmp_path / "runs")
+    assert {s.name for s in everything} > {s.name for s in plan("cpu-full", runs_dir=tmp_path / "runs", only=("C6",))}
+    assert {s.experiment for s in plan("cpu-full", runs_dir=tmp_path / "runs", only=("C6",))} == {"parity/cpu"}
     with pytest.raises(SystemExit, match="--claims C9: unknown"):
         reproduce.main(["--claims", "C9", "--dry-run", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path)])
 
