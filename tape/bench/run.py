@@ -200,8 +200,9 @@ def _train_bench(
     tokens = t.batch * t.seq_len
     for label, cfg in configs.items():
         row, tm = rows[label], timings[label]
+        memory = _step_memory(cfg, row["pe"], t, s.seed, device, autocast)
         row.update(time_s=tm.to_dict(), steps_per_s=1.0 / tm.median_s,
-                   tokens_per_s=tokens / tm.median_s, memory=_step_memory(cfg, row["pe"], t, s.seed, device, autocast),
+                   tokens_per_s=tokens / tm.median_s, memory=memory,
                    mfu=None if peak is None else row["flops"] / tm.median_s / peak)
     if device.type == "cpu" and s.rss:
         log(f"train step: peak RSS of one step, {len(timings)} fresh processes")
@@ -222,7 +223,7 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _step_memory(cfg: ModelConfig, pe: str, t: Any, seed: int, device: torch.device,
+def _step_memory(cfg: ModelConfig, pe: str, t: TrainSettings, seed: int, device: torch.device,
                  autocast: torch.dtype | None) -> dict[str, Any]:
     """Memory of one training step of a freshly built variant, alone on the device, after one
     warm step (AdamW state allocated, as in steady training)."""
