@@ -72,8 +72,9 @@ class Outcome:
     tail: list[str] = field(default_factory=list)
 
 
-def checks(runs_dir: Path) -> list[Check]:
-    """Every step, in the order it runs (the cheapest proofs first)."""
+def checks(runs_dir: Path, record_dir: Path | None = None) -> list[Check]:
+    """Every step, in the order it runs (the cheapest proofs first); the benchmark writes its
+    tables (efficiency.md and .json, small) into ``record_dir``, the window's record, when given."""
     py = (sys.executable,)
     out = [Check("every encoding, cached decoding, add_tape on CUDA (pytest -m cuda tests/test_cuda_paths.py)",
                  (*py, "-m", "pytest", "-q", "-m", "cuda", PATHS_TESTS), 180),
@@ -97,8 +98,9 @@ def checks(runs_dir: Path) -> list[Check]:
             f"trainer.val_check_interval={TIMED_STEPS}", f"paths.runs_dir={runs_dir}"), 300))
     out.append(Check("autotune the kernel's launch configs (bf16, head dims 64 and 128)",
                      (*py, "-m", "tape.kernels.autotune", "--dtypes", "bfloat16", "--head-dims", "64,128"), 300))
+    bench_dir = (record_dir or runs_dir) / "benchmark"
     out.append(Check("benchmark at the paper's shape", (*py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
-                                                        f"output_dir={runs_dir / 'benchmark'}"), 300))
+                                                        f"output_dir={bench_dir}"), 420))
     return out
 
 
@@ -300,6 +302,7 @@ def _window(summary: dict) -> str:
     env = summary["environment"]
     passed = sum(o["passed"] for o in summary["outcomes"])
     numbers = _numbers(summary)
+    tables = Path(summary["dir"]) / "benchmark" / "efficiency.md"
     return "\n".join([
         f"## Window {Path(summary['dir']).name}", "",
         f"`{summary['dir']}`: commit {env['commit']} on {env['device']} (driver {env['driver']}; "
@@ -307,6 +310,7 @@ def _window(summary: dict) -> str:
         f"{passed} of {len(summary['outcomes'])} steps passed.", "",
         "| check | verdict | wall time | log |", "|---|---|---|---|", *_outcome_rows(summary), "",
         *(["Numbers printed by the in-process steps:", "", *numbers, ""] if numbers else []),
+        *([f"The efficiency benchmark's tables (paper Table 4's shape): `{tables}`.", ""] if tables.is_file() else []),
     ])
 
 
@@ -359,7 +363,7 @@ def environment() -> dict[str, str]:
 
 def render(summary_dirs: Sequence[Path], out: Path) -> None:
     """results/gpu.md from gpu-check summaries; any summary made without a GPU is refused."""
-    summaries = [json.loads((d / "summary.json").read_text()) for d in summary_dirs]
+    summaries = [json.loads((d / "summary.json").read_text()) | {"dir": str(d)} for d in summary_dirs]  # where it lies now
     if not summaries:
         raise SystemExit(f"no gpu-check summary to render {out} from: run make gpu-check on a GPU first")
     for d, summary in zip(summary_dirs, summaries):
@@ -407,7 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = args.records / stamp
     words = None if args.only is None else [w.strip().lower() for w in args.only.split(",") if w.strip()]
-    steps = [c for c in checks(args.runs / "gpu-check" / stamp / "runs") if words is None or any(w in c.name.lower() for w in words)]
+    steps = [c for c in checks(args.runs / "gpu-check" / stamp / "runs", out_dir)
+             if words is None or any(w in c.name.lower() for w in words)]
     if not steps:
         p.error(f"--only {args.only!r} matches no check; --dry-run lists them")
     if args.dry_run:

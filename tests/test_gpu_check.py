@@ -26,6 +26,9 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
     lines = out.splitlines()  # the cheapest proofs first; the kernel tests are not run twice
     assert "pytest -q -m cuda tests/test_cuda_paths.py" in lines[0]
     assert "--ignore=tests/test_cuda_paths.py" in lines[1]
+    # the benchmark's tables land in the window's record, which comes back with its summary
+    bench = next(line for line in lines if "pipelines.benchmark" in line)
+    assert "output_dir=results/gpu-check/" in bench and bench.rstrip().endswith("/benchmark")
 
 
 def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -61,6 +64,21 @@ def test_the_page_renders_from_gpu_runs_only(tmp_path: Path) -> None:
     text = page.read_text()
     assert "NVIDIA H100 80GB HBM3" in text and "| kernel | pass |" in text and "| fsdp | FAIL |" in text
     assert "1 of 2 steps passed" in text and '- fsdp: `{"err": 0.01}`' in text
+    assert "efficiency.md" not in text
+
+
+def test_the_page_names_the_window_where_it_lies_and_its_benchmark_tables(tmp_path: Path) -> None:
+    """A window written on a device (its summary's dir is the device's path) is rendered from where
+    it was copied to, with the benchmark's tables when the window holds them."""
+    window = summary(tmp_path / "records", gpu=True)
+    recorded = json.loads((window / "summary.json").read_text())
+    (window / "summary.json").write_text(json.dumps(recorded | {"dir": "/device/out/gpu-check/20261126-000000"}))
+    (window / "benchmark").mkdir()
+    (window / "benchmark" / "efficiency.md").write_text("# tables\n")
+    gpu_check.render([window], tmp_path / "gpu.md")
+    text = (tmp_path / "gpu.md").read_text()
+    assert "/device/out" not in text and f"`{window}`: commit" in text
+    assert f"`{window / 'benchmark' / 'efficiency.md'}`" in text
 
 
 def test_the_page_shows_each_checks_newest_verdict(tmp_path: Path) -> None:
