@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from tape.report.records import RecordConflict, export_all
 from pipelines.presets import preset_setting
+from tape.report.records import RecordConflict, export_all
 from tape.report.render import WouldLoseResults, render
 
 

@@ -66,4 +66,3 @@ def describe(diff: Mapping[str, Any]) -> str:
     shown = [f"{k}={v}" for k, v in list(diff.items())[:MAX_SHOWN]]
     more = len(diff) - MAX_SHOWN
     return ", ".join(shown) + (f", +{more} more" if more > 0 else "") if diff else "same setting"
-
