@@ -61,6 +61,25 @@ def test_records_are_never_overwritten(tmp_path: Path) -> None:
     assert (records / target.relative_to(runs)).read_text() == kept
 
 
+def test_a_record_keeps_every_csv_its_task_wrote_and_gains_one_it_lacked(tmp_path: Path) -> None:
+    """A per-length CSV (parity.csv) is kept; a record written before it was kept gains it, and
+    a file that differs is still refused."""
+    runs = build_runs(tmp_path)
+    run_dir = runs / "addition/cpu/rope/0/20261122-205210-0835a8-0"
+    (run_dir / "parity.csv").write_text("scratchpad,bits,step_accuracy\nstandard,1,100.0\n")
+    run = next(r for r in find_runs(runs) if r.path == run_dir)
+    dest, new = export(run, runs, tmp_path / "records")
+    assert new and (dest / "parity.csv").read_text() == (run_dir / "parity.csv").read_text()
+    (dest / "parity.csv").unlink()  # a record from before the CSV was kept
+    assert export(run, runs, tmp_path / "records") == (dest, True)
+    assert (dest / "parity.csv").is_file() and not list(dest.glob(".*.tmp"))
+    assert export(run, runs, tmp_path / "records") == (dest, False)
+    (dest / "parity.csv").write_text("changed\n")
+    with pytest.raises(RecordConflict, match="parity.csv"):
+        export(run, runs, tmp_path / "records")
+    assert (dest / "parity.csv").read_text() == "changed\n"
+
+
 def test_unfinished_smoke_and_custom_runs_get_no_record(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     make_run(runs, "addition/smoke", "rope", 0, "20261122-205210-0835a8-0", addition_metrics(5.0), ADD_CFG)
