@@ -195,3 +195,27 @@ def test_the_plan_runs_every_arms_controls_at_its_seeds(tmp_path: Path) -> None:
     assert any(line.startswith("[C6-tape-control-scratchpad=interleaved] would run: python -m pipelines.train -m "
                                "experiment=parity/cpu pe=tape seed=0 task.scratchpad=interleaved") for line in lines)
     assert "[C6-rope-control-scratchpad=mnemonics] 1 finished run(s) skipped, 7 to run" in lines
+
+
+def test_the_figure_draws_each_arm_by_length_and_its_controls_dashed(tmp_path: Path) -> None:
+    """C6's figure: step accuracy by bits from each run's parity.csv, the controls beside the arms."""
+    from tape.report.claim_figures import TASK_CURVES
+
+    claims = write_claims(tmp_path / "claims.yaml")
+    runs = build_runs(tmp_path / "runs", skip={("rope", 5, "mnemonics")})
+    for metrics in runs.rglob("metrics.json"):
+        ood = 55.0 if metrics.parent.name.endswith("-0") else 90.0  # -0: standard; the controls generalise
+        (metrics.parent / "parity.csv").write_text(
+            "scratchpad,bits,tokens,sequences,step_accuracy,exact_match\n"
+            f"x,1,6,200,100.0,100.0\nx,2,8,200,{ood},0.0\n")
+    cfg = load_claims(claims)
+    result = evaluate_claim(cfg.claims[0], cfg, find_runs(runs))
+    assert {k: len(v) for k, v in result.control_runs["rope"].items()} == {
+        "task.scratchpad=interleaved": 8, "task.scratchpad=mnemonics": 7}
+    curve = TASK_CURVES["parity"][0](result.control_runs["tape"]["task.scratchpad=interleaved"][0])
+    assert curve == {1: 100.0, 2: 90.0}
+    assert TASK_CURVES["parity"][0](result.arm_runs["tape"][0]) == {1: 100.0, 2: 55.0}
+    section = build(Context(find_runs(runs), tmp_path / "results", "test"), cfg)
+    (figure,) = [f for f in section.figures if "claim_c6" in str(f.path)]
+    assert "dashed: the arms' positive controls" in figure.caption
+    assert (tmp_path / "results" / figure.path).read_bytes()[:4] == b"\x89PNG"

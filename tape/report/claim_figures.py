@@ -2,15 +2,16 @@
 interval and every seed drawn (issue 15: "a figure of accuracy by length per PE with intervals").
 
 Per run, a curve {length: value} comes from what its task wrote: the addition grid.csv (exact
-match by the longer operand's digits), the flip-flop read error at each multiple of the training
-length, or the held-out perplexity at each multiple.
+match by the longer operand's digits), the per-size CSV of the sized tasks (parity: scratchpad
+step accuracy by bits), the flip-flop read error at each multiple of the training length, or the
+held-out perplexity at each multiple.
 """
 
 from __future__ import annotations
 
 import csv
 import re
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -47,6 +48,18 @@ def grid_curve(correct_key: str, total_key: str) -> Callable[[Run], Curve]:
 addition_curve = grid_curve("correct", "n")  # exact match by length
 
 
+def size_curve(file: str, size_key: str, value_key: str) -> Callable[[Run], Curve]:
+    """{size: value} from the per-size CSV a sized task wrote (parity.csv: bits -> step accuracy)."""
+
+    def curve(run: Run) -> Curve:
+        path = artifact(run, file)
+        if path is None:
+            return {}
+        with open(path, newline="") as f:
+            return {int(row[size_key]): float(row[value_key]) for row in csv.DictReader(f)}
+    return curve
+
+
 def multiple_curve(pattern: str) -> Callable[[Run], Curve]:
     """{m: metrics[key]} for every metrics key that matches ``pattern`` (one group: m)."""
     regex = re.compile(pattern)
@@ -65,6 +78,8 @@ TASK_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
                  "read error (%), mean over sparsities", True),
     "pretrain": (multiple_curve(r"ppl_(\d+)x"), "evaluation length / training length",
                  "held-out perplexity", False),
+    "parity": (size_curve("parity.csv", "bits", "step_accuracy"), "bits in the string",
+               "scratchpad step accuracy (%)", False),
     "word_problem": (multiple_curve(r"token_accuracy_(\d+)x"), "evaluation length / training length",
                      "prefix-product token accuracy (%)", False),
 }
@@ -85,10 +100,30 @@ def interval(values: np.ndarray) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def _draw(ax: Any, label: str, runs: list[Run], curve_of: Callable[[Run], Curve], log: bool, style: str) -> bool:
+    """One arm's mean curve over its seeds with the 95 % band and every seed; whether it drew."""
+    curves = [c for c in (curve_of(r) for r in runs) if c]
+    if not curves:
+        return False
+    xs = sorted(set.intersection(*(set(c) for c in curves)))
+    per_seed = np.array([[c[x] for x in xs] for c in curves])  # (seeds, lengths)
+    if log:
+        per_seed = np.maximum(per_seed, FLOOR)
+    stats_ = [interval(per_seed[:, j]) for j in range(len(xs))]
+    mean = np.array([s[0] for s in stats_])
+    line = ax.plot(xs, mean, marker="o", ls=style, label=f"{label} ({len(curves)} seeds)")[0]
+    ax.fill_between(xs, [s[1] for s in stats_], [s[2] for s in stats_], alpha=0.15, color=line.get_color())
+    for row in per_seed:
+        ax.scatter(xs, row, s=8, alpha=0.35, color=line.get_color())
+    return True
+
+
 def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, list[Run]],
-                 task: str, train_length: int | None = None, metric: str = "") -> Figure | None:
+                 task: str, train_length: int | None = None, metric: str = "",
+                 controls: Mapping[str, list[Run]] | None = None) -> Figure | None:
     """The figure of one claim (None when its task has no curve or no arm has a run); a
-    ``metric`` of METRIC_CURVES picks its own curve, else the task's."""
+    ``metric`` of METRIC_CURVES picks its own curve, else the task's; ``controls`` (the arms'
+    positive-control runs) are drawn dashed."""
     spec = METRIC_CURVES.get(metric) or TASK_CURVES.get(task)
     if spec is None or not any(arms.values()):
         return None
@@ -96,25 +131,9 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     fig = MplFigure(figsize=(6.4, 4.0))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    drawn = False
-    for label, runs in arms.items():
-        curves = [c for c in (curve_of(r) for r in runs) if c]
-        if not curves:
-            continue
-        xs = sorted(set.intersection(*(set(c) for c in curves)))
-        per_seed = np.array([[c[x] for x in xs] for c in curves])  # (seeds, lengths)
-        if log:
-            per_seed = np.maximum(per_seed, FLOOR)
-        stats_ = [interval(per_seed[:, j]) for j in range(len(xs))]
-        mean = np.array([s[0] for s in stats_])
-        line = ax.plot(xs, mean, marker="o", label=f"{label} ({len(curves)} seeds)")[0]
-        ax.fill_between(xs, [s[1] for s in stats_], [s[2] for s in stats_], alpha=0.15,
-                        color=line.get_color())
-        for row in per_seed:
-            ax.scatter(xs, row, s=8, alpha=0.35, color=line.get_color())
-        drawn = True
-    if not drawn:
+    if not any([_draw(ax, label, runs, curve_of, log, "-") for label, runs in arms.items()]):
         return None
+    dashed = any([_draw(ax, label, runs, curve_of, log, "--") for label, runs in (controls or {}).items()])
     if log:
         ax.set_yscale("log")
     if train_length is not None:
@@ -128,6 +147,7 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     save_png(fig, path, overwrite=True)
     return Figure(rel, f"{claim_id}: {title}, every arm by length (ours; band: 95 % t interval "
                        "over seeds, dots: seeds" + ("; red line: the longest training length" if train_length else "")
+                  + ("; dashed: the arms' positive controls" if dashed else "")
                   + ")")
 
 

@@ -283,21 +283,23 @@ class ClaimResult:
     control_failed: dict[tuple[str, str], dict[int, list[str]]] = field(default_factory=dict)
     # ... or none finished (counted only for seeds whose own runs are valid, and not failed)
     control_missing: dict[tuple[str, str], dict[int, list[str]]] = field(default_factory=dict)
+    # per arm, its control runs by control ("task.scratchpad=interleaved": runs)
+    control_runs: dict[str, dict[str, list[Run]]] = field(default_factory=dict)
 
 
 def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimResult:
     metric = cfg.metrics[claim.metric]
     require = {**cfg.require, **claim.settings}  # what a run of any of the claim's arms must have
-    values, used, arm_runs, invalid, failed, missing = {}, [], {}, {}, {}, {}
+    values, used, arm_runs, invalid, failed, missing, control_runs = {}, [], {}, {}, {}, {}, {}
     for name in claim.arm_names:
         values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, metric, require,
                                          claim.planned_seeds)
         used += found
         arm_runs[name] = found
         invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid)}
-        failed[name], missing[name], controls = control_results(claim, cfg.arms[name], runs, require,
-                                                                set(values[name]))
-        used += controls
+        failed[name], missing[name], control_runs[name] = control_results(claim, cfg.arms[name], runs, require,
+                                                                          set(values[name]))
+        used += [r for rs in control_runs[name].values() for r in rs]
     tested = 1 + len(claim.secondary)
     pairs = list(enumerate((claim.primary, *claim.secondary, *claim.describe)))
     out = {name: invalid[name] | set(failed[name]) | set(missing[name]) for name in claim.arm_names}
@@ -320,20 +322,22 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
         decided = [replace(c, verdict=DESCRIBED, reason=f"exploratory, p = {c.p_adjusted:.3g}: the reading was "
                            "chosen after seeing earlier runs; a claim on fresh seeds confirms it or not")
                    if c.n >= MIN_VERDICT_PAIRS else c for c in decided]
-    return ClaimResult(claim, decided, values, used, unpaired, arm_runs, dropped, control_failed, control_missing)
+    return ClaimResult(claim, decided, values, used, unpaired, arm_runs, dropped, control_failed, control_missing,
+                       control_runs)
 
 
 def control_results(claim: Claim, arm: Arm, runs: list[Run], require: Mapping[str, Any], seeds: set[int]
-                    ) -> tuple[dict[int, list[str]], dict[int, list[str]], list[Run]]:
+                    ) -> tuple[dict[int, list[str]], dict[int, list[str]], dict[str, list[Run]]]:
     """An arm's positive controls at ``seeds``: {seed: the settings whose control run failed
-    ``controls.valid``}, {seed: the settings with no finished control run}, and the control runs."""
+    ``controls.valid``}, {seed: the settings with no finished control run}, and the control runs
+    by setting."""
     failed: dict[int, list[str]] = {}
     missing: dict[int, list[str]] = {}
-    found: list[Run] = []
+    found: dict[str, list[Run]] = {}
     for setting in claim.controls.settings if claim.controls else ():
         control = replace(arm, match={**arm.match, **setting})
         done = {r.seed: r for r in arm_finished(runs, control, claim.experiment, {**require, **setting}, seeds)}
-        found += done.values()
+        found[Controls.label(setting)] = sorted(done.values(), key=lambda r: r.seed)
         for seed in sorted(seeds):
             if seed not in done:
                 missing.setdefault(seed, []).append(Controls.label(setting))
@@ -690,8 +694,10 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> ClaimsSection:
         arms = {cfg.arms[name].title: _arm_runs(r, name) for name in r.arm_runs}
         runs_ = [run for rs in arms.values() for run in rs]
         task = runs_[0].task if runs_ else ""
-        train = _train_digits(runs_) if task == "addition" else None
-        fig = claim_figure(ctx, r.claim.id, r.claim.title, arms, task, train, r.claim.metric)
+        train = _train_length(runs_, TRAIN_LENGTH_KEYS[task]) if task in TRAIN_LENGTH_KEYS else None
+        controls = {f"{cfg.arms[name].title}, {label} (control)": runs
+                    for name, by_setting in r.control_runs.items() for label, runs in by_setting.items()}
+        fig = claim_figure(ctx, r.claim.id, r.claim.title, arms, task, train, r.claim.metric, controls)
         if fig is not None:
             figures.append(fig)
         if task == "pretrain" and (flops := flops_figure(ctx, r.claim.id, r.claim.title, arms)) is not None:
@@ -699,8 +705,11 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> ClaimsSection:
     return ClaimsSection(title="Claims", tables=tables, figures=figures, legend=legend(cfg, runs, ctx))
 
 
-def _train_digits(runs: list[Run]) -> int | None:
-    """The longest training operand (task.max_digits) of addition runs."""
-    values = {(r.config().get("task") or {}).get("max_digits") for r in runs}
+TRAIN_LENGTH_KEYS = {"addition": "max_digits", "parity": "max_bits"}  # task -> its longest training size
+
+
+def _train_length(runs: list[Run], key: str) -> int | None:
+    """The longest training size (task.<key>) shared by ``runs``, else None."""
+    values = {(r.config().get("task") or {}).get(key) for r in runs}
     values.discard(None)
     return int(values.pop()) if len(values) == 1 else None
