@@ -141,7 +141,7 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: many arms
     ax.set_title(f"{claim_id}: {title} (ours; band: 95 % t interval, dots: seeds)", fontsize=9)
     path, rel = ctx.figure_path(f"claim_{claim_id.lower()}.png")
     save_png(fig, path, overwrite=True)
@@ -202,7 +202,7 @@ def flops_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     ax.set_xlabel("cumulative training FLOPs (matrix products)")
     ax.set_ylabel("held-out loss (nats/token)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: many arms
     ax.set_title(f"{claim_id}: {title}, loss at equal compute (ours; mean over seeds)", fontsize=9)
     path, rel = ctx.figure_path(f"claim_{claim_id.lower()}_flops.png")
     save_png(fig, path, overwrite=True)
