@@ -13,6 +13,7 @@ import csv
 import re
 from typing import Any, Callable, Mapping
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
@@ -89,6 +90,8 @@ METRIC_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
                            "digit accuracy (%)", False),
 }
 FLOOR = 0.01  # a zero error drawn on a log scale
+MIN_BAND_SEEDS = 3  # two seeds' t interval (t = 12.7) would cover every other arm: dots only
+COLOURS = matplotlib.colormaps["tab20"].colors[0::2] + matplotlib.colormaps["tab20"].colors[1::2]  # 20 arms apart
 
 
 def interval(values: np.ndarray) -> tuple[float, float, float]:
@@ -111,8 +114,11 @@ def _draw(ax: Any, label: str, runs: list[Run], curve_of: Callable[[Run], Curve]
         per_seed = np.maximum(per_seed, FLOOR)
     stats_ = [interval(per_seed[:, j]) for j in range(len(xs))]
     mean = np.array([s[0] for s in stats_])
-    line = ax.plot(xs, mean, marker="o", ls=style, label=f"{label} ({len(curves)} seeds)")[0]
-    ax.fill_between(xs, [s[1] for s in stats_], [s[2] for s in stats_], alpha=0.15, color=line.get_color())
+    hollow = {"mfc": "none"} if style != "-" else {}  # a control's markers leave its dashes visible
+    line = ax.plot(xs, mean, marker="o", ms=4, ls=style, label=f"{label} ({len(curves)} seeds)", **hollow)[0]
+    if len(curves) >= MIN_BAND_SEEDS:
+        low = [max(s[1], FLOOR) if log else s[1] for s in stats_]  # a log axis has no room below the floor
+        ax.fill_between(xs, low, [s[2] for s in stats_], alpha=0.15, color=line.get_color())
     for row in per_seed:
         ax.scatter(xs, row, s=8, alpha=0.35, color=line.get_color())
     return True
@@ -131,6 +137,7 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     fig = MplFigure(figsize=(6.4, 4.0))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
+    ax.set_prop_cycle(color=COLOURS)
     if not any([_draw(ax, label, runs, curve_of, log, "-") for label, runs in arms.items()]):
         return None
     dashed = any([_draw(ax, label, runs, curve_of, log, "--") for label, runs in (controls or {}).items()])
@@ -146,7 +153,7 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     path, rel = ctx.figure_path(f"claim_{claim_id.lower()}.png")
     save_png(fig, path, overwrite=True)
     return Figure(rel, f"{claim_id}: {title}, every arm by length (ours; band: 95 % t interval "
-                       "over seeds, dots: seeds" + ("; red line: the longest training length" if train_length else "")
+                       f"over seeds for arms of {MIN_BAND_SEEDS} or more, dots: seeds" + ("; red line: the longest training length" if train_length else "")
                   + ("; dashed: the arms' positive controls" if dashed else "")
                   + ")")
 
@@ -185,6 +192,7 @@ def flops_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     fig = MplFigure(figsize=(6.4, 4.0))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
+    ax.set_prop_cycle(color=COLOURS)
     drawn = False
     for label, runs in arms.items():
         curves = [(c, f) for r in runs if (c := validation_curve(r)) and (f := train_flops_per_step(r))]
