@@ -152,10 +152,10 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     ax.set_title(f"{claim_id}: {title} (ours; band: 95 % t interval, dots: seeds)", fontsize=9)
     path, rel = ctx.figure_path(f"claim_{claim_id.lower()}.png")
     save_png(fig, path, overwrite=True)
-    return Figure(rel, f"{claim_id}: {title}, every arm by length (ours; band: 95 % t interval "
-                       f"over seeds for arms of {MIN_BAND_SEEDS} or more, dots: seeds" + ("; red line: the longest training length" if train_length else "")
-                  + ("; dashed: the arms' positive controls" if dashed else "")
-                  + ")")
+    notes = [f"band: 95 % t interval over seeds for arms of {MIN_BAND_SEEDS} or more", "dots: seeds"]
+    notes += ["red line: the longest training length"] * (train_length is not None)
+    notes += ["dashed: the arms' positive controls"] * dashed
+    return Figure(rel, f"{claim_id}: {title}, every arm by length (ours; {'; '.join(notes)})")
 
 
 def train_flops_per_step(run: Run) -> int | None:
