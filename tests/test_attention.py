@@ -215,3 +215,67 @@ def test_triton_backend_on_cpu_runs_the_interpreter_and_matches_sdpa():
                         mask=causal_mask(5, None, 9, q.device))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out_e, ref_e, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- FlexAttention
+FLEX_CASES = [dict(nq=6, nk=6, hkv=4), dict(nq=6, nk=6, hkv=2), dict(nq=3, nk=9, hkv=2), dict(nq=1, nk=7, hkv=4)]
+
+
+@pytest.mark.skipif(not attention.flex_available(), reason="needs torch >= 2.5 (FlexAttention)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", FLEX_CASES, ids=lambda c: f"nq{c['nq']}-nk{c['nk']}-hkv{c['hkv']}")
+def test_flex_backend_matches_the_reference_forward_on_cpu(case, dtype):
+    """One flex_attention call with value [V | E], causal lower-right aligned, GQA; CPU forward."""
+    q, k, v, e, _ = _inputs(nq=case["nq"], nk=case["nk"], hkv=case["hkv"], d=16, dtype=dtype)
+    e = torch.cat([e, e[..., :8] * 2], dim=-1)  # E wider than V: the value width differs from q/k's
+    with torch.no_grad():
+        out, out_e = attend(q, k, v, extra=e, backend="flex")
+    groups = q.shape[1] // k.shape[1]
+    scores = q.double() @ k.double().repeat_interleave(groups, 1).transpose(-1, -2) / 16**0.5
+    a = scores.masked_fill(~causal_mask(case["nq"], None, case["nk"], q.device), float("-inf")).softmax(-1)
+    ref_v, ref_e = (a @ x.double().repeat_interleave(groups, 1) for x in (v, e))  # (B, H, Nq, dv)
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    assert out.dtype == dtype and out_e.shape == ref_e.shape
+    torch.testing.assert_close(out.double(), ref_v, atol=tol, rtol=tol)
+    torch.testing.assert_close(out_e.double(), ref_e, atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(not attention.flex_available(), reason="needs torch >= 2.5 (FlexAttention)")
+def test_flex_backend_refuses_what_it_cannot_run_with_the_fix():
+    q, k, v, e, bias = _inputs(d=16, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="attn_backend='flex' needs .* no padding mask"):
+        attend(q, k, v, extra=e, bias=bias, backend="flex")
+    q.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="no backward on CPU.*torch.no_grad"):
+        attend(q, k, v, extra=e, backend="flex")
+    assert _plan("flex", extra=False) == Plan("sdpa", "single")  # a call without E goes on as auto
+    assert _plan("flex") == Plan("flex", "single")
+
+
+@pytest.mark.skipif(not attention.flex_available(), reason="needs torch >= 2.5 (FlexAttention)")
+def test_a_tape_model_on_the_flex_backend_equals_sdpa_without_grad_on_cpu():
+    ids = torch.randint(0, 37, (2, 11), generator=torch.Generator().manual_seed(0))
+    flex = tiny_model("tape", dtype=torch.float64, attn_backend="flex").eval()
+    sdpa = tiny_model("tape", dtype=torch.float64, attn_backend="sdpa").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(flex(ids).logits, sdpa(ids).logits, atol=1e-10, rtol=1e-10)
+        assert torch.equal(flex.generate(ids[:, :4], max_new_tokens=5), sdpa.generate(ids[:, :4], max_new_tokens=5))
+
+
+@pytest.mark.cuda  # two shapes: each compiles its own kernels (tens of seconds on the GPU)
+@pytest.mark.parametrize(("case", "dtype"), [(FLEX_CASES[1], torch.bfloat16), (FLEX_CASES[2], torch.float32)],
+                         ids=["gqa-bf16", "nq-lt-nk-fp32"])
+def test_flex_backend_matches_float64_forward_and_backward_on_cuda(case, dtype):
+    """Compiled FlexAttention on a GPU, forward and every gradient, against float64 eager."""
+    q, k, v, e, _ = _inputs(nq=case["nq"] * 32, nk=case["nk"] * 32, hkv=case["hkv"], d=64, dtype=torch.float64)
+    leaves = [t.cuda().requires_grad_(True) for t in (q, k, v, e)]
+    low = [t.detach().to(dtype).requires_grad_(True) for t in leaves]
+    out, out_e = attend(*low[:3], extra=low[3], backend="flex")
+    ref, ref_e = attend(*leaves[:3], extra=leaves[3], backend="eager",
+                        mask=causal_mask(q.shape[-2], None, k.shape[-2], leaves[0].device))
+    g, g_e = torch.randn_like(ref), torch.randn_like(ref_e)
+    (out.double() * g).sum().add((out_e.double() * g_e).sum()).backward()
+    (ref * g).sum().add((ref_e * g_e).sum()).backward()
+    tol = 5e-2 if dtype == torch.bfloat16 else 2e-3
+    for got, want in zip((out, out_e, *(t.grad for t in low)), (ref, ref_e, *(t.grad for t in leaves))):
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)

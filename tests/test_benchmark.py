@@ -22,7 +22,7 @@ from tape.bench.timing import paired_ratio, time_interleaved
 from tape.model import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
-TAPE_LABELS = ["tape_fused", "tape_unfused", "tape_concat", "tape_padded", "tape_triton"]
+TAPE_LABELS = ["tape_fused", "tape_unfused", "tape_concat", "tape_padded", "tape_triton", "tape_flex"]
 ALL_LABELS = [*TAPE_LABELS, *[v.label for v in make_variants([p for p in tape.pe.names() if p != "tape"])]]  # pes: all
 
 
@@ -172,7 +172,7 @@ def test_config_presets_and_overrides():
 
     s = settings_from_config(compose_benchmark())
     assert (s.device, s.scale, s.op.seq_len, s.train.n_layers) == ("cpu", "cpu", 1024, 2)
-    assert s.tape_modes == ["fused", "unfused", "concat", "padded", "triton"]
+    assert s.tape_modes == ["fused", "unfused", "concat", "padded", "triton", "flex"]
     s = settings_from_config(compose_benchmark("scale=paper", "device=cuda", "repeats=7"))
     assert (s.train.n_layers, s.train.vocab_size, s.op.repeats, s.train.repeats) == (12, 32000, 7, 7)
     with pytest.raises(ValueError, match="scale"):
@@ -218,7 +218,7 @@ def test_tiny_run_writes_well_formed_markdown_and_json(tiny_run):
     assert res["versions"]["torch"] == torch.__version__
     assert list(res["table3"]["rows"]) == ALL_LABELS
     t3 = res["table3"]["rows"]  # Table 3 counts TAPE fused with one QKᵀ, whatever the device ran
-    assert t3["tape_fused"]["flops"] == t3["tape_triton"]["flops"] == t3["tape_concat"]["flops"]
+    assert t3["tape_fused"]["flops"] == t3["tape_triton"]["flops"] == t3["tape_flex"]["flops"] == t3["tape_concat"]["flops"]
     assert t3["tape_concat"]["flops"] < t3["tape_unfused"]["flops"]
     for section in ("attention_op", "train_step"):
         rows = res[section]["rows"]
@@ -228,9 +228,10 @@ def test_tiny_run_writes_well_formed_markdown_and_json(tiny_run):
             assert t["n"] > 0 and 0 < t["min_s"] <= t["median_s"] <= t["max_s"]
             assert row["flops"] > 0 and row["vs_rope"]["time"] > 0
         assert rows["rope"]["vs_rope"]["time"] == 1.0
-    for section in ("attention_op", "train_step"):  # no GPU: the kernel's row says so, no timings
-        row = res[section]["rows"]["tape_triton"]
-        assert row["not_run"] == "not run: no GPU" and "time_s" not in row and row["flops"] > 0
+    for section in ("attention_op", "train_step"):  # no GPU: the CUDA-only rows say so, no timings
+        for label in ("tape_triton", "tape_flex"):
+            row = res[section]["rows"][label]
+            assert row["not_run"] == "not run: no GPU" and "time_s" not in row and row["flops"] > 0
     train = res["train_step"]["rows"]
     assert all(r["memory"]["saved_activation_bytes"] > 0 for r in train.values() if "not_run" not in r)
     assert train["tape_fused"]["memory"]["saved_activation_bytes"] > train["rope"]["memory"]["saved_activation_bytes"]
@@ -266,9 +267,10 @@ def test_cuda_results_render_with_memory_and_mfu_columns(tiny_run):
     res["machine"]["gpu"] = "NVIDIA H100 80GB HBM3"
     res["train_step"]["peak_bf16_flops"] = 989.4e12
     for section in ("attention_op", "train_step"):
-        rows = res[section]["rows"]  # on a GPU the Triton kernel's row is timed like the others
-        rows["tape_triton"] = dict(rows["tape_fused"], backend="triton")
-        res["tape_vs_rope"][section]["triton"] = res["tape_vs_rope"][section]["fused"]
+        rows = res[section]["rows"]  # on a GPU the CUDA-only rows are timed like the others
+        for mode in ("triton", "flex"):
+            rows[f"tape_{mode}"] = dict(rows["tape_fused"], backend=mode)
+            res["tape_vs_rope"][section][mode] = res["tape_vs_rope"][section]["fused"]
         for i, row in enumerate(rows.values()):
             row.setdefault("memory", {})["cuda_peak_bytes"] = 2**20 * (i + 1)
             row["vs_rope"]["memory"]["cuda_peak_bytes"] = (i + 1) / 3

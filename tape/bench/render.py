@@ -8,7 +8,7 @@ import tape.pe
 from tape.paper import paper_number
 
 TAPE_MODES = {"tape_fused": "TAPE fused", "tape_unfused": "TAPE unfused", "tape_concat": "TAPE concat",
-              "tape_padded": "TAPE padded", "tape_triton": "TAPE Triton kernel"}
+              "tape_padded": "TAPE padded", "tape_triton": "TAPE Triton kernel", "tape_flex": "TAPE FlexAttention"}
 MIB = 2**20
 
 
@@ -317,13 +317,15 @@ def default_notes(res: dict[str, Any]) -> list[str]:
     if on_cuda:
         notes.append(
             "**Memory (CUDA).** `torch.cuda.max_memory_allocated` during one step minus what was "
-            "allocated before it (other variants' weights stay resident). Saved-for-backward bytes "
+            "allocated before it, each variant alone on the device (its weights and AdamW state are "
+            "what was allocated before). Saved-for-backward bytes "
             "as on CPU. MFU uses the forward+backward FLOP count and the GPU's dense bf16 peak; "
             "GPUs not in the table get no MFU.")
         notes.append(
             "**CUDA attention kernels.** `backend=auto` gives TAPE fused the Triton [V | E] kernel "
             "(one QKᵀ) when triton is installed, TAPE unfused one FlashAttention-2 call per value "
-            "tensor with flash-attn (else two SDPA calls), and concat / padded one SDPA call. "
+            "tensor with flash-attn (else two SDPA calls), and concat / padded one SDPA call; TAPE "
+            "FlexAttention is one compiled `flex_attention` call with value [V | E] (`attn_backend=flex`). "
             f"{_names(_bias_encodings())} always run SDPA with a materialised float bias (FIRE and T5 "
             "as in the paper; CoPE and PaTH because their bias needs the scores), except ALiBi, whose "
             "slopes go to flash-attn where it is installed.")

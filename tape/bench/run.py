@@ -115,10 +115,10 @@ def _not_run(v: Variant, device: torch.device) -> str | None:
 
 
 def _counted(v: Variant, cfg: ModelConfig, one_qk: bool = False) -> ModelConfig:
-    """The config whose matrix products are counted on the meta device. The Triton kernel cannot
-    run there; its arithmetic is one [V | E] call's (one QKᵀ, A·V and A·E). ``one_qk``: count
+    """The config whose matrix products are counted on the meta device. The Triton kernel and
+    FlexAttention cannot run there; their arithmetic is one [V | E] call's (one QKᵀ, A·V and A·E). ``one_qk``: count
     TAPE fused that way too (Table 3, a device-free count of the fused method)."""
-    if v.backend == "triton" or (one_qk and v.label == "tape_fused"):
+    if v.backend in ("triton", "flex") or (one_qk and v.label == "tape_fused"):
         return cfg.replace(attn_backend="sdpa", pe_options={**cfg.pe_options, "tape_fused": "concat"})
     return cfg
 

@@ -15,8 +15,10 @@ TAPE_MODES: dict[str, tuple[bool | str | None, str | None, str]] = {
     "concat": ("concat", None, "one SDPA call with [V | E] as values"),
     "padded": ("padded", None, "one SDPA call, q and k zero-padded to [V | E]'s width"),
     "triton": (True, "triton", "the Triton [V | E] kernel (CUDA only)"),
+    "flex": (True, "flex", "one QKᵀ through compiled FlexAttention, value [V | E] (CUDA only)"),
 }
-DEFAULT_TAPE_MODES = ("fused", "unfused", "concat", "padded", "triton")
+DEFAULT_TAPE_MODES = ("fused", "unfused", "concat", "padded", "triton", "flex")
+CUDA_ONLY_MODES = ("triton", "flex")  # the Triton kernel; FlexAttention has no CPU backward
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def make_variants(pes: Sequence[str], tape_modes: Sequence[str] = DEFAULT_TAPE_M
         if pe == "tape":
             for mode in tape_modes:
                 fused, backend, _ = TAPE_MODES[mode]
-                out.append(Variant(f"tape_{mode}", "tape", fused, backend, needs_cuda=mode == "triton"))
+                out.append(Variant(f"tape_{mode}", "tape", fused, backend, needs_cuda=mode in CUDA_ONLY_MODES))
         else:
             out.append(Variant(pe, pe))
     return out

@@ -6,6 +6,9 @@ applied to extra value rows E. Backends (``attn_backend``):
   backward that sums both value paths into dq and dk. Needs triton, no bias or padding mask,
   head dims <= 128; TAPE calls only (calls without E go on as ``auto``). On CPU tensors it runs
   under the Triton interpreter (slow: tests only). Never run on a GPU in this project so far.
+- ``flex``: PyTorch's FlexAttention (``tape.model.flex``), one QKᵀ for [V | E] in one call,
+  compiled on CUDA; TAPE calls without bias or padding mask only (others go on as ``auto``). On
+  CPU forward only. Never picked by ``auto``: chosen by hand or by the benchmark's comparison.
 - ``flash``: flash-attn (CUDA, fp16/bf16, no arbitrary bias or padding mask), one call per value
   tensor, since FlashAttention-2 wants V as wide as q and k.
 - ``sdpa``: PyTorch scaled_dot_product_attention; takes every call.
@@ -40,8 +43,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tape import kernels
+from tape.model.flex import flex_attend, flex_available
 
-Backend = Literal["auto", "flash", "triton", "sdpa", "eager"]
+Backend = Literal["auto", "flash", "triton", "flex", "sdpa", "eager"]
+BACKENDS = ("auto", "flash", "triton", "flex", "sdpa", "eager")
 Fuse = Union[bool, Literal["two_calls", "concat", "padded"], None]
 CPU_CONCAT_MAX_KEYS = 512
 """On CPU, up to this many keys one [V | E] math call beats two flash calls; beyond, ``padded``."""
@@ -70,7 +75,7 @@ def _device_type(x: Tensor) -> str:
 class Plan:
     """How one ``attend`` call runs: the backend and how A·V and A·E come out of it."""
 
-    backend: str  # "flash" | "triton" | "sdpa" | "eager"
+    backend: str  # "flash" | "triton" | "flex" | "sdpa" | "eager"
     values: str  # "single" (no E, or one pass: eager, triton) | "two_calls" | "concat" | "padded"
 
 
@@ -163,6 +168,10 @@ def _triton_ok(q: Tensor, k: Tensor, extra: Tensor | None, mask: Tensor | None, 
     )
 
 
+def _flex_ok(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None) -> bool:
+    return flex_available() and mask is None and bias is None and q.shape[-2] <= k.shape[-2]
+
+
 def _one_sdpa_call(q: Tensor, k: Tensor) -> str:
     """The single-call form for SDPA: CUDA takes a wider value; CPU picks by length."""
     if _device_type(q) == "cuda":
@@ -177,8 +186,8 @@ def plan_attention(
     """The backend and value layout for this call (the fallback order of the module docstring),
     and a check that a forced backend can run it."""
     flash_ok = _flash_ok(q, mask, bias, alibi)
-    if backend not in ("auto", "flash", "triton", "sdpa", "eager"):
-        raise ValueError(f"attn_backend={backend!r}; choose auto, flash, triton, sdpa or eager")
+    if backend not in BACKENDS:
+        raise ValueError(f"attn_backend={backend!r}; choose {', '.join(BACKENDS)}")
     if fuse not in (True, False, None, "two_calls", "concat", "padded"):
         raise ValueError(f"tape_fused={fuse!r}; choose true, false, null, two_calls, concat or padded")
     if backend == "flash" and not flash_ok:
@@ -193,7 +202,13 @@ def plan_attention(
             "or attention bias (use it for unpadded TAPE batches), head dims <= 128 and at most "
             "as many queries as keys; use attn_backend='auto' to fall back to SDPA"
         )
-    if extra is None:  # one value tensor: the Triton kernel is for [V | E] only
+    if backend == "flex" and extra is not None and not _flex_ok(q, k, mask, bias):
+        raise RuntimeError(
+            "attn_backend='flex' needs PyTorch's FlexAttention (torch >= 2.5), no padding mask or "
+            "attention bias (use it for unpadded TAPE batches) and at most as many queries as keys; "
+            "use attn_backend='auto' to fall back to SDPA"
+        )
+    if extra is None:  # one value tensor: the Triton kernel and the flex path are for [V | E] only
         if backend in ("sdpa", "eager"):
             return Plan(backend, "single")
         return Plan("flash" if flash_ok else "sdpa", "single")
@@ -201,8 +216,8 @@ def plan_attention(
     cuda = _device_type(q) == "cuda"
     if backend == "eager":
         return Plan("eager", "single")
-    if backend == "triton":
-        return Plan("triton", "single")
+    if backend in ("triton", "flex"):
+        return Plan(backend, "single")
     if backend == "flash":
         return Plan("flash", "two_calls")
     if backend == "auto" and mode in ("one", "auto") and cuda and _triton_ok(q, k, extra, mask, bias):
@@ -253,6 +268,9 @@ def attend(
         outs = _eager(q, k, values, mask, bias, is_causal, scale)
     elif plan.backend == "triton":
         outs = _triton(q, k, v, extra, scale)
+    elif plan.backend == "flex":
+        both = flex_attend(q, k, torch.cat([v, extra], dim=-1), scale)  # (B, H, Nq, d + de)
+        outs = [both[..., :width], both[..., width:]]
     elif plan.backend == "flash":
         slopes = alibi_slopes.to(q.device, torch.float32) if bias is not None else None
         outs = [_flash(q, k, val, slopes, scale) for val in values]

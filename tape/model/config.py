@@ -32,7 +32,7 @@ class ModelConfig:
     init_std: float = 0.02
     pe: str = "rope"
     """Positional encoding, a name from ``tape.pe.names()``."""
-    attn_backend: Literal["auto", "flash", "triton", "sdpa", "eager"] = "auto"
+    attn_backend: Literal["auto", "flash", "triton", "flex", "sdpa", "eager"] = "auto"
     """auto: TAPE's Triton [V | E] kernel or flash-attn on CUDA when installed and the call allows
     it, else PyTorch SDPA (fallback order: tape/model/attention.py)."""
     gradient_checkpointing: bool = False
@@ -97,9 +97,9 @@ class ModelConfig:
                 f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}; "
                 "set n_kv_heads to a divisor of n_heads (or None for multi-head attention)"
             )
-        if self.attn_backend not in ("auto", "flash", "triton", "sdpa", "eager"):
+        if self.attn_backend not in ("auto", "flash", "triton", "flex", "sdpa", "eager"):
             problems.append(
-                f"attn_backend={self.attn_backend!r}; choose 'auto', 'flash', 'triton', 'sdpa' or 'eager'"
+                f"attn_backend={self.attn_backend!r}; choose 'auto', 'flash', 'triton', 'flex', 'sdpa' or 'eager'"
             )
         if not isinstance(self.pe_options, dict):
             problems.append(f"pe_options={self.pe_options!r} must be a mapping of option -> value")

@@ -1,0 +1,55 @@
+"""TAPE's one-QKᵀ attention through PyTorch's FlexAttention: value rows [V | E] in one call
+(FlexAttention takes a value head dim other than q/k's), causal with lower-right alignment
+(the queries are the last Nq of the Nk keys), grouped-query heads.
+
+On CUDA the call is compiled (``torch.compile(flex_attention)``: one fused kernel, forward and
+backward; a new (Nq, Nk) recompiles, so it suits training and evaluation at fixed shapes, not
+token-by-token decoding). On CPU PyTorch runs it unfused and has no backward: forward only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+
+def flex_available() -> bool:
+    """PyTorch has FlexAttention (torch >= 2.5)."""
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+@lru_cache(maxsize=64)
+def _causal_block_mask(n_queries: int, n_keys: int, device: str) -> Any:
+    """The block mask of lower-right-aligned causal attention, built once per shape and device."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = n_keys - n_queries
+
+    def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return q_idx + offset >= kv_idx
+
+    return create_block_mask(causal, None, None, n_queries, n_keys, device=device)
+
+
+@lru_cache(maxsize=2)
+def _flex_fn(device_type: str) -> Callable[..., Tensor]:
+    """flex_attention, compiled for CUDA; as it is elsewhere (PyTorch's unfused reference)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
+
+
+def flex_attend(q: Tensor, k: Tensor, values: Tensor, scale: float) -> Tensor:
+    """softmax(q kᵀ · scale, causal) · values. q: (B, H, Nq, d); k: (B, Hkv, Nk, d);
+    values: (B, Hkv, Nk, dv) with any dv (here [V | E]). Returns (B, H, Nq, dv)."""
+    if q.device.type != "cuda" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, values)):
+        raise RuntimeError(
+            "attn_backend='flex' has no backward on CPU (PyTorch's FlexAttention); use it on CUDA, "
+            "under torch.no_grad() on CPU, or choose attn_backend='auto'")
+    mask = _causal_block_mask(q.shape[-2], k.shape[-2], str(q.device))
+    return _flex_fn(q.device.type)(q, k, values, block_mask=mask, scale=scale,
+                                   enable_gqa=q.shape[1] != k.shape[1])
