@@ -21,7 +21,10 @@ overwritten), the training runs in ``runs/gpu-check/<time>/runs``:
 8. 50 steps of each GPU claim preset (``experiment=<claim>/gpu``) and of the addressing tasks'
    GPU presets (parity, MQAR, selective copy, counting), timed, so the GPU
    profile's minutes can replace their estimates;
-9. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``).
+9. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``);
+10. the attention operator by length, N = 1k to 16k, forward and forward+backward, TAPE's
+    one-QKᵀ paths (Triton, FlexAttention) beside RoPE, FIRE and T5, with TFLOP/s
+    (``python -m pipelines.attention_sweep``, tape/bench/sweep.py; sweep.{md,json} in the record).
 
 ``--only WORD[,WORD...]`` runs the steps whose name contains a WORD and ``--budget SECONDS``
 stops starting steps after SECONDS (a short GPU window runs a few at a time; the summary is
@@ -101,6 +104,9 @@ def checks(runs_dir: Path, record_dir: Path | None = None) -> list[Check]:
     bench_dir = (record_dir or runs_dir) / "benchmark"
     out.append(Check("benchmark at the paper's shape", (*py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
                                                         f"output_dir={bench_dir}"), 420))
+    out.append(Check("attention operator by length, N = 1k-16k, forward and backward",
+                     (*py, "-m", "pipelines.attention_sweep", "--device", "cuda",
+                      "--out", str((record_dir or runs_dir) / "sweep")), 360))
     return out
 
 
@@ -303,6 +309,7 @@ def _window(summary: dict) -> str:
     passed = sum(o["passed"] for o in summary["outcomes"])
     numbers = _numbers(summary)
     tables = Path(summary["dir"]) / "benchmark" / "efficiency.md"
+    by_length = Path(summary["dir"]) / "sweep" / "sweep.md"
     return "\n".join([
         f"## Window {Path(summary['dir']).name}", "",
         f"`{summary['dir']}`: commit {env['commit']} on {env['device']} (driver {env['driver']}; "
@@ -311,6 +318,7 @@ def _window(summary: dict) -> str:
         "| check | verdict | wall time | log |", "|---|---|---|---|", *_outcome_rows(summary), "",
         *(["Numbers printed by the in-process steps:", "", *numbers, ""] if numbers else []),
         *([f"The efficiency benchmark's tables (paper Table 4's shape): `{tables}`.", ""] if tables.is_file() else []),
+        *([f"The attention operator by length: `{by_length}`.", ""] if by_length.is_file() else []),
     ])
 
 

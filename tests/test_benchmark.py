@@ -313,3 +313,30 @@ def test_operator_notes_name_every_registered_encoding():
             assert tape.pe.display(name) in text, name
     bias = text.split("float32 bias")[0].rsplit(".", 1)[-1]  # the list before "compute a ... bias"
     assert "CoPE" in bias and "PaTH" in bias and "RoPE" not in bias.replace("p-RoPE", "")
+
+
+# ---------------------------------------------------------------- the attention operator by length
+def test_the_sweep_times_each_length_both_passes_and_says_what_did_not_run(tmp_path):
+    """Tiny shapes on the CPU: every length gets rows, RoPE is the reference, CUDA-only paths and
+    bias encodings past their length say why they did not run, and the CLI writes after each length."""
+    from pipelines.attention_sweep import main as sweep_main
+
+    args = ["--device", "cpu", "--seq-lens", "16", "32", "--tokens", "32", "--d-model", "32", "--n-heads", "2",
+            "--variants", "rope", "tape_unfused", "tape_flex", "fire", "--bias-max-len", "16",
+            "--warmup", "1", "--repeats", "2", "--out", str(tmp_path)]
+    assert sweep_main(args) == 0
+    res = json.loads((tmp_path / "sweep.json").read_text())
+    assert res["command"] == "python -m pipelines.attention_sweep " + " ".join(args)
+    rows = {int(n): r for n, r in res["rows"].items()}
+    assert list(rows) == [16, 32] and rows[16]["rope"]["batch"] == 2 and rows[32]["rope"]["batch"] == 1
+    for n, row in rows.items():
+        assert row["rope"]["forward"]["vs_rope"] == row["rope"]["forward_backward"]["vs_rope"] == 1.0
+        tape = row["tape_unfused"]
+        assert tape["flops"]["forward"] > row["rope"]["flops"]["forward"]  # A·E and the E updates
+        assert tape["flops"]["forward_backward"] > 2 * tape["flops"]["forward"]
+        assert tape["forward_backward"]["tflops"] > 0 and tape["forward"]["time_s"]["median_s"] > 0
+        assert row["tape_flex"]["not_run"] == "not run: no GPU" and "forward" not in row["tape_flex"]
+    assert "forward" in rows[16]["fire"] and rows[32]["fire"]["not_run"].startswith("not run: a materialised")
+    md = (tmp_path / "sweep.md").read_text()
+    assert "| tape_flex | not run: no GPU | not run: no GPU |" in md and "## Forward and backward" in md
+    assert_tables_well_formed(md)

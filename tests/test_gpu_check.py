@@ -29,6 +29,8 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
     # the benchmark's tables land in the window's record, which comes back with its summary
     bench = next(line for line in lines if "pipelines.benchmark" in line)
     assert "output_dir=results/gpu-check/" in bench and bench.rstrip().endswith("/benchmark")
+    by_length = next(line for line in lines if "pipelines.attention_sweep" in line)
+    assert "--device cuda --out results/gpu-check/" in by_length and by_length.rstrip().endswith("/sweep")
 
 
 def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -78,7 +80,11 @@ def test_the_page_names_the_window_where_it_lies_and_its_benchmark_tables(tmp_pa
     gpu_check.render([window], tmp_path / "gpu.md")
     text = (tmp_path / "gpu.md").read_text()
     assert "/device/out" not in text and f"`{window}`: commit" in text
-    assert f"`{window / 'benchmark' / 'efficiency.md'}`" in text
+    assert f"`{window / 'benchmark' / 'efficiency.md'}`" in text and "by length" not in text
+    (window / "sweep").mkdir()
+    (window / "sweep" / "sweep.md").write_text("# by length\n")
+    gpu_check.render([window], tmp_path / "gpu.md")
+    assert f"The attention operator by length: `{window / 'sweep' / 'sweep.md'}`" in (tmp_path / "gpu.md").read_text()
 
 
 def test_the_page_shows_each_checks_newest_verdict(tmp_path: Path) -> None:

@@ -16,8 +16,7 @@ from tape.bench.machine import library_versions, machine_info, peak_bf16_flops
 from tape.bench.memory import cuda_peak_bytes, rss_in_subprocess, saved_tensor_bytes, saved_tensors_by_shape
 from tape.bench.timing import paired_ratio, time_interleaved
 from tape.bench.train_step import TrainStep
-from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, make_variants
-from tape.kernels import triton_available
+from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, counted_config, make_variants, not_run_reason
 from tape.model import ModelConfig
 from tape.paper import paper_number
 
@@ -105,30 +104,12 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or not den else num / den
 
 
-def _not_run(v: Variant, device: torch.device) -> str | None:
-    """Why a variant cannot run here (printed in its row), or None. Never faked."""
-    if v.needs_cuda and device.type != "cuda":
-        return "not run: no GPU"
-    if v.backend == "triton" and not triton_available():
-        return "not run: triton not installed"
-    return None
-
-
-def _counted(v: Variant, cfg: ModelConfig, one_qk: bool = False) -> ModelConfig:
-    """The config whose matrix products are counted on the meta device. The Triton kernel and
-    FlexAttention cannot run there; their arithmetic is one [V | E] call's (one QKᵀ, A·V and A·E). ``one_qk``: count
-    TAPE fused that way too (Table 3, a device-free count of the fused method)."""
-    if v.backend in ("triton", "flex") or (one_qk and v.label == "tape_fused"):
-        return cfg.replace(attn_backend="sdpa", pe_options={**cfg.pe_options, "tape_fused": "concat"})
-    return cfg
-
-
 def _table3(variants: list[Variant], s: BenchSettings, log: Callable[[str], None]) -> dict[str, Any]:
     """Exact params and forward FLOPs of the paper's 155M model (ModelConfig defaults), meta device."""
     base = ModelConfig(max_seq_len=s.table3_seq_len, attn_backend="sdpa")
     rows = {}
     for v in variants:
-        costs = model_costs(_counted(v, v.config(base), one_qk=True), s.table3_batch, s.table3_seq_len)
+        costs = model_costs(counted_config(v, v.config(base), one_qk=True), s.table3_batch, s.table3_seq_len)
         rows[v.label] = {
             "pe": v.pe, "fused": v.fused, "params": costs["params"],
             "params_2p20": costs["params"] / 2**20, "flops": costs["flops"], "macs": costs["flops"] // 2,
@@ -150,9 +131,9 @@ def _op_bench(
     ops = {}
     for v in variants:
         cfg = v.config(base)
-        meta_op = build_attention_op(_counted(v, cfg), o.batch, o.seq_len, META, dtype, s.seed)
+        meta_op = build_attention_op(counted_config(v, cfg), o.batch, o.seq_len, META, dtype, s.seed)
         rows[v.label] = {"pe": v.pe, "fused": v.fused, "flops": count_flops(meta_op)}
-        if (why := _not_run(v, device)) is not None:
+        if (why := not_run_reason(v, device)) is not None:
             rows[v.label].update(backend=cfg.attn_backend, not_run=why)
             continue
         ops[v.label] = build_attention_op(cfg, o.batch, o.seq_len, device, dtype, s.seed)
@@ -185,10 +166,10 @@ def _train_bench(
     peak = peak_bf16_flops(device) if autocast == torch.bfloat16 else None
     for v in variants:
         cfg = v.config(base)
-        costs = model_costs(_counted(v, cfg), t.batch, t.seq_len, backward=True)
+        costs = model_costs(counted_config(v, cfg), t.batch, t.seq_len, backward=True)
         rows[v.label] = {"pe": v.pe, "fused": v.fused, "params": costs["params"],
                          "flops": costs["flops"], "model": cfg.to_dict()}
-        if (why := _not_run(v, device)) is not None:
+        if (why := not_run_reason(v, device)) is not None:
             rows[v.label]["not_run"] = why
             continue
         steps[v.label] = TrainStep(cfg, t.batch, t.seq_len, device, autocast, t.lr, s.seed)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import torch
+
 import tape.pe as pe_registry
+from tape.kernels import triton_available
 from tape.model.config import ModelConfig
 
 # label -> (tape_fused, attn_backend or None for the run's backend, what it is)
@@ -59,3 +62,22 @@ def make_variants(pes: Sequence[str], tape_modes: Sequence[str] = DEFAULT_TAPE_M
         else:
             out.append(Variant(pe, pe))
     return out
+
+
+def not_run_reason(v: Variant, device: torch.device) -> str | None:
+    """Why a variant cannot run here (printed in its row), or None. Never faked."""
+    if v.needs_cuda and device.type != "cuda":
+        return "not run: no GPU"
+    if v.backend == "triton" and not triton_available():
+        return "not run: triton not installed"
+    return None
+
+
+def counted_config(v: Variant, cfg: ModelConfig, one_qk: bool = False) -> ModelConfig:
+    """The config whose matrix products are counted on the meta device. The Triton kernel and
+    FlexAttention cannot run there; their arithmetic is one [V | E] call's (one QKᵀ, A·V and
+    A·E). ``one_qk``: count TAPE fused that way too (Table 3, a device-free count of the fused
+    method)."""
+    if v.backend in ("triton", "flex") or (one_qk and v.label == "tape_fused"):
+        return cfg.replace(attn_backend="sdpa", pe_options={**cfg.pe_options, "tape_fused": "concat"})
+    return cfg

@@ -1,0 +1,149 @@
+"""The attention operator by sequence length (issue 21: N = 1k to 16k, forward and
+forward+backward): TAPE's one-QKᵀ paths beside RoPE and the bias encodings, time and TFLOP/s per
+call, the tokens per call held fixed (batch = tokens / N).
+
+FLOPs are counted on the meta device over the full N x N score matrix (Table 3's convention,
+tape/bench/flops.py), so a causal kernel's TFLOP/s here is about twice the work it really does;
+the ratios between variants do not depend on that. FIRE and T5 materialise (B, H, N, N) biases,
+so they run only up to ``bias_max_len``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from tape.bench.attention_op import AttentionOp, build_attention_op
+from tape.bench.flops import META, count_flops
+from tape.bench.timing import time_interleaved
+from tape.bench.variants import Variant, counted_config, make_variants, not_run_reason
+from tape.model import ModelConfig
+
+BIAS_PES = ("fire", "t5")
+
+
+@dataclass
+class SweepSettings:
+    """Which variants, at which lengths, and the timing schedule."""
+
+    seq_lens: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384])
+    tokens: int = 16384  # per call: batch = max(1, tokens // N)
+    d_model: int = 768
+    n_heads: int = 12
+    variants: list[str] = field(default_factory=lambda: [
+        "rope", "tape_triton", "tape_flex", "tape_unfused", "tape_concat", "fire", "t5"])
+    bias_max_len: int = 4096
+    backend: str = "auto"
+    warmup: int = 3
+    repeats: int = 10
+    seed: int = 0
+
+
+def _with_grads(op: AttentionOp) -> Callable[[], Any]:
+    """One forward and backward of ``op``: the gradients of q, k, v and the layer's weights."""
+    for t in (op.q, op.k, op.v):
+        t.requires_grad_(True)
+    inputs = [op.q, op.k, op.v, *(p for p in op.layer.parameters() if p.requires_grad)]
+
+    def step() -> Any:
+        out, rot = op()
+        loss = out.float().sum()
+        if rot is not None and rot.requires_grad:
+            loss = loss + rot.float().sum()
+        return torch.autograd.grad(loss, inputs, allow_unused=True)
+    return step
+
+
+def _forward(op: AttentionOp) -> Callable[[], Any]:
+    def call() -> Any:
+        with torch.no_grad():
+            return op()
+    return call
+
+
+def _variants(names: list[str]) -> list[Variant]:
+    pes = sorted({"tape" if n.startswith("tape_") else n for n in names})
+    modes = [n.removeprefix("tape_") for n in names if n.startswith("tape_")]
+    by_label = {v.label: v for v in make_variants(pes, modes)}
+    return [by_label[n] for n in names]
+
+
+def sweep(s: SweepSettings, device: torch.device, dtype: torch.dtype,
+          log: Callable[[str], None] = print,
+          on_length: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """{"settings", "rows": {N: {label: {...}}}}: per length and variant the batch, the resolved
+    backend, and per pass ("forward", "forward_backward") the counted FLOPs, the timing, TFLOP/s
+    and the time ratio to RoPE; or why the variant did not run. ``on_length`` gets the result so
+    far after each length (a run cut off keeps what it measured)."""
+    variants = _variants(s.variants)
+    rows: dict[int, dict[str, Any]] = {}
+    settings = {**s.__dict__, "device": str(device), "dtype": str(dtype).removeprefix("torch.")}
+    for n in s.seq_lens:
+        batch = max(1, s.tokens // n)
+        base = ModelConfig(vocab_size=8, n_layers=2, d_model=s.d_model, n_heads=s.n_heads, max_seq_len=n,
+                           attn_backend=s.backend)
+        row: dict[str, Any] = {}
+        calls: dict[str, dict[str, Callable[[], Any]]] = {"forward": {}, "forward_backward": {}}
+        for v in variants:
+            cfg = v.config(base)
+            meta = build_attention_op(counted_config(v, cfg), batch, n, META, dtype, s.seed)
+            row[v.label] = {"batch": batch, "flops": {"forward": count_flops(_forward(meta)),
+                                                      "forward_backward": count_flops(_with_grads(meta))}}
+            why = not_run_reason(v, device)
+            if why is None and v.pe in BIAS_PES and n > s.bias_max_len:
+                why = f"not run: a materialised (B, H, N, N) bias past N = {s.bias_max_len}"
+            if why is not None:
+                row[v.label]["not_run"] = why
+                continue
+            op = build_attention_op(cfg, batch, n, device, dtype, s.seed)
+            row[v.label]["backend"] = op.resolved_backend()
+            calls["forward"][v.label] = _forward(op)
+            calls["forward_backward"][v.label] = _with_grads(op)
+        for name, fns in calls.items():
+            log(f"N = {n}, batch {batch}: {name}, {len(fns)} variants, {s.warmup} warm-up + {s.repeats} rounds")
+            for label, t in time_interleaved(fns, s.warmup, s.repeats, device).items():
+                flops = row[label]["flops"][name]
+                row[label][name] = {"time_s": t.to_dict(), "tflops": flops / t.median_s / 1e12}
+        for name in calls:
+            ref = row.get("rope", {}).get(name)
+            for entry in row.values():
+                if ref is not None and name in entry:
+                    entry[name]["vs_rope"] = entry[name]["time_s"]["median_s"] / ref["time_s"]["median_s"]
+        rows[n] = row
+        del calls
+        if on_length is not None:
+            on_length({"settings": settings, "rows": rows})
+    return {"settings": settings, "rows": rows}
+
+
+def markdown(result: dict[str, Any], command: str) -> str:
+    """Per pass a table, variants by length: median ms, TFLOP/s and the ratio to RoPE."""
+    rows = result["rows"]
+    lens = list(rows)
+    labels = list(next(iter(rows.values()))) if rows else []
+    st = result["settings"]
+    out = [f"# The attention operator by length ({st['device']}, {st['dtype']})", "",
+           f"`{command}`: {st['d_model']} wide, {st['n_heads']} heads, {st['tokens']} tokens a call "
+           f"(batch = tokens / N), median of {st['repeats']} interleaved rounds after {st['warmup']} "
+           "warm-up calls. A cell: ms, TFLOP/s (full N x N count), time / RoPE's.", ""]
+    for name, title in (("forward", "Forward"), ("forward_backward", "Forward and backward")):
+        out += [f"## {title}", "", "| variant | " + " | ".join(f"N = {n}" for n in lens) + " | FLOPs / RoPE's |",
+                "|---|" + "---|" * (len(lens) + 1)]
+        for label in labels:
+            first = rows[lens[0]]
+            flops = (f"{first[label]['flops'][name] / first['rope']['flops'][name]:.2f}"
+                     if "rope" in first else "n/a")
+            cells = []
+            for n in lens:
+                entry = rows[n][label]
+                if name not in entry:
+                    cells.append(entry.get("not_run", "not run"))
+                    continue
+                e = entry[name]
+                ratio = f", {e['vs_rope']:.2f}x" if "vs_rope" in e else ""
+                cells.append(f"{1e3 * e['time_s']['median_s']:.3g} ms, {e['tflops']:.3g}{ratio}")
+            out.append(f"| {label} | " + " | ".join(cells) + f" | {flops} |")
+        out.append("")
+    return "\n".join(out)
