@@ -252,6 +252,17 @@ def test_flex_backend_refuses_what_it_cannot_run_with_the_fix():
     assert _plan("flex") == Plan("flex", "single")
 
 
+def test_cuda_auto_takes_flexattention_first_only_when_measured_faster(monkeypatch):
+    _fake(monkeypatch, triton=True)
+    assert _plan() == Plan("triton", "single")  # the default: the Triton kernel
+    monkeypatch.setattr(attention, "CUDA_TAPE_PATH", "flex")
+    monkeypatch.setattr(attention, "flex_available", lambda: True)
+    assert _plan() == Plan("flex", "single") and _plan(fuse=True) == Plan("flex", "single")
+    assert _plan(fuse=False) == Plan("sdpa", "two_calls")  # asked for two calls: no one-QKᵀ path
+    padded = causal_mask(6, torch.ones(2, 6, dtype=torch.bool), 6, torch.device("cpu"))
+    assert _plan(mask=padded).backend == "sdpa"  # neither flex nor the kernel takes a padding mask
+
+
 @pytest.mark.skipif(not attention.flex_available(), reason="needs torch >= 2.5 (FlexAttention)")
 def test_a_tape_model_on_the_flex_backend_equals_sdpa_without_grad_on_cpu():
     ids = torch.randint(0, 37, (2, 11), generator=torch.Generator().manual_seed(0))

@@ -339,4 +339,17 @@ def test_the_sweep_times_each_length_both_passes_and_says_what_did_not_run(tmp_p
     assert "forward" in rows[16]["fire"] and rows[32]["fire"]["not_run"].startswith("not run: a materialised")
     md = (tmp_path / "sweep.md").read_text()
     assert "| tape_flex | not run: no GPU | not run: no GPU |" in md and "## Forward and backward" in md
+    assert "| fastest TAPE path | two_calls | two_calls | |" in md  # the only TAPE path that ran
     assert_tables_well_formed(md)
+
+
+def test_the_fastest_tape_path_is_the_quickest_that_ran():
+    from tape.bench.sweep import fastest_tape_path
+
+    def timed(ms):
+        return {"forward_backward": {"time_s": {"median_s": ms / 1e3}}}
+
+    row = {"rope": timed(1.0), "tape_triton": timed(1.6), "tape_flex": timed(1.4),
+           "tape_unfused": timed(2.0), "tape_concat": {"not_run": "not run: no GPU"}}
+    assert fastest_tape_path(row) == "flex"
+    assert fastest_tape_path({"rope": timed(1.0)}) is None

@@ -118,6 +118,17 @@ def sweep(s: SweepSettings, device: torch.device, dtype: torch.dtype,
     return {"settings": settings, "rows": rows}
 
 
+TAPE_PATHS = {"tape_triton": "triton", "tape_flex": "flex", "tape_unfused": "two_calls", "tape_concat": "concat"}
+
+
+def fastest_tape_path(row: dict[str, Any], name: str = "forward_backward") -> str | None:
+    """The fastest exact TAPE path that ran at one length (tape/model/attention.py's
+    ``CUDA_TAPE_PATH`` names), or None when none ran."""
+    timed = {TAPE_PATHS[label]: e[name]["time_s"]["median_s"] for label, e in row.items()
+             if label in TAPE_PATHS and name in e}
+    return min(timed, key=timed.__getitem__) if timed else None
+
+
 def markdown(result: dict[str, Any], command: str) -> str:
     """Per pass a table, variants by length: median ms, TFLOP/s and the ratio to RoPE."""
     rows = result["rows"]
@@ -145,5 +156,6 @@ def markdown(result: dict[str, Any], command: str) -> str:
                 ratio = f", {e['vs_rope']:.2f}x" if "vs_rope" in e else ""
                 cells.append(f"{1e3 * e['time_s']['median_s']:.3g} ms, {e['tflops']:.3g}{ratio}")
             out.append(f"| {label} | " + " | ".join(cells) + f" | {flops} |")
-        out.append("")
+        fastest = [fastest_tape_path(rows[n], name) or "-" for n in lens]
+        out += ["| fastest TAPE path | " + " | ".join(fastest) + " | |", ""]
     return "\n".join(out)

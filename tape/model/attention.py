@@ -8,16 +8,18 @@ applied to extra value rows E. Backends (``attn_backend``):
   under the Triton interpreter (slow: tests only). Never run on a GPU in this project so far.
 - ``flex``: PyTorch's FlexAttention (``tape.model.flex``), one QKᵀ for [V | E] in one call,
   compiled on CUDA; TAPE calls without bias or padding mask only (others go on as ``auto``). On
-  CPU forward only. Never picked by ``auto``: chosen by hand or by the benchmark's comparison.
+  CPU forward only. ``auto`` takes it only where ``CUDA_TAPE_PATH`` names it (a measurement).
 - ``flash``: flash-attn (CUDA, fp16/bf16, no arbitrary bias or padding mask), one call per value
   tensor, since FlashAttention-2 wants V as wide as q and k.
 - ``sdpa``: PyTorch scaled_dot_product_attention; takes every call.
 - ``eager``: A materialised once and multiplied by V and E (only when asked for).
 
 ``auto`` falls back in this order. A call without E (every PE but TAPE): flash, else sdpa.
-A TAPE call on CUDA: triton (when ``tape_fused`` is true or null), else two equal-width calls with
-flash-attn or under grouped-query attention (SDPA's fast kernels want V as wide as q/k there),
-else one SDPA ``concat`` call (its memory-efficient and cuDNN kernels take a wider value).
+A TAPE call on CUDA, when ``tape_fused`` is true or null: ``CUDA_TAPE_PATH`` (the Triton kernel,
+or FlexAttention once a GPU sweep measures it faster) where it can run the call, then triton;
+else two equal-width calls with flash-attn or under grouped-query attention (SDPA's fast kernels
+want V as wide as q/k there), else one SDPA ``concat`` call (its memory-efficient and cuDNN
+kernels take a wider value).
 A TAPE call on CPU: one SDPA call, ``concat`` up to ``CPU_CONCAT_MAX_KEYS`` keys, else ``padded``.
 
 The SDPA value layouts (``fuse``, TAPE's ``tape_fused`` option):
@@ -48,6 +50,10 @@ from tape.model.flex import flex_attend, flex_available
 Backend = Literal["auto", "flash", "triton", "flex", "sdpa", "eager"]
 BACKENDS = ("auto", "flash", "triton", "flex", "sdpa", "eager")
 Fuse = Union[bool, Literal["two_calls", "concat", "padded"], None]
+CUDA_TAPE_PATH: Literal["triton", "flex"] = "triton"
+"""``auto``'s first choice for a TAPE call on CUDA, by measurement: the fastest exact path of the
+attention sweep's forward+backward (``python -m pipelines.attention_sweep``, its "fastest TAPE
+path" row); the Triton kernel until a GPU sweep says otherwise."""
 CPU_CONCAT_MAX_KEYS = 512
 """On CPU, up to this many keys one [V | E] math call beats two flash calls; beyond, ``padded``."""
 
@@ -220,8 +226,11 @@ def plan_attention(
         return Plan(backend, "single")
     if backend == "flash":
         return Plan("flash", "two_calls")
-    if backend == "auto" and mode in ("one", "auto") and cuda and _triton_ok(q, k, extra, mask, bias):
-        return Plan("triton", "single")
+    if backend == "auto" and mode in ("one", "auto") and cuda:
+        if CUDA_TAPE_PATH == "flex" and _flex_ok(q, k, mask, bias):
+            return Plan("flex", "single")
+        if _triton_ok(q, k, extra, mask, bias):
+            return Plan("triton", "single")
     gqa = q.shape[1] != k.shape[1]
     if mode == "two_calls" or (backend == "auto" and mode == "auto" and cuda and (flash_ok or gqa)):
         return Plan("flash" if flash_ok and backend == "auto" else "sdpa", "two_calls")
