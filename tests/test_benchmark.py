@@ -353,3 +353,25 @@ def test_the_fastest_tape_path_is_the_quickest_that_ran():
            "tape_unfused": timed(2.0), "tape_concat": {"not_run": "not run: no GPU"}}
     assert fastest_tape_path(row) == "flex"
     assert fastest_tape_path({"rope": timed(1.0)}) is None
+
+
+def test_a_length_that_runs_out_of_memory_is_told_and_the_sweep_goes_on(monkeypatch):
+    import tape.bench.sweep as sweep_mod
+
+    real = sweep_mod._one_length
+
+    def short_of_memory(s, variants, n, *args):
+        if n == 16:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB\nmore detail")
+        return real(s, variants, n, *args)
+
+    monkeypatch.setattr(sweep_mod, "_one_length", short_of_memory)
+    settings = sweep_mod.SweepSettings(seq_lens=[16, 32], tokens=32, d_model=32, n_heads=2,
+                                       variants=["rope", "tape_unfused"], warmup=1, repeats=1)
+    res = sweep_mod.sweep(settings, torch.device("cpu"), torch.float32, log=lambda m: None)
+    assert res["rows"][16]["rope"]["not_run"] == ("not run: out of memory at this length "
+                                                  "(CUDA out of memory. Tried to allocate 9 GiB)")
+    assert "forward_backward" in res["rows"][32]["tape_unfused"]
+    md = sweep_mod.markdown(res, "python -m pipelines.attention_sweep")
+    assert "| rope | not run: out of memory" in md and "| 1.00 |" in md  # FLOPs from the length that ran
+    assert_tables_well_formed(md)

@@ -10,6 +10,7 @@ so they run only up to ``bias_max_len``.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -81,41 +82,55 @@ def sweep(s: SweepSettings, device: torch.device, dtype: torch.dtype,
     rows: dict[int, dict[str, Any]] = {}
     settings = {**s.__dict__, "device": str(device), "dtype": str(dtype).removeprefix("torch.")}
     for n in s.seq_lens:
-        batch = max(1, s.tokens // n)
-        base = ModelConfig(vocab_size=8, n_layers=2, d_model=s.d_model, n_heads=s.n_heads, max_seq_len=n,
-                           attn_backend=s.backend)
-        row: dict[str, Any] = {}
-        calls: dict[str, dict[str, Callable[[], Any]]] = {"forward": {}, "forward_backward": {}}
-        for v in variants:
-            cfg = v.config(base)
-            meta = build_attention_op(counted_config(v, cfg), batch, n, META, dtype, s.seed)
-            row[v.label] = {"batch": batch, "flops": {"forward": count_flops(_forward(meta)),
-                                                      "forward_backward": count_flops(_with_grads(meta))}}
-            why = not_run_reason(v, device)
-            if why is None and v.pe in BIAS_PES and n > s.bias_max_len:
-                why = f"not run: a materialised (B, H, N, N) bias past N = {s.bias_max_len}"
-            if why is not None:
-                row[v.label]["not_run"] = why
-                continue
-            op = build_attention_op(cfg, batch, n, device, dtype, s.seed)
-            row[v.label]["backend"] = op.resolved_backend()
-            calls["forward"][v.label] = _forward(op)
-            calls["forward_backward"][v.label] = _with_grads(op)
-        for name, fns in calls.items():
-            log(f"N = {n}, batch {batch}: {name}, {len(fns)} variants, {s.warmup} warm-up + {s.repeats} rounds")
-            for label, t in time_interleaved(fns, s.warmup, s.repeats, device).items():
-                flops = row[label]["flops"][name]
-                row[label][name] = {"time_s": t.to_dict(), "tflops": flops / t.median_s / 1e12}
-        for name in calls:
-            ref = row.get("rope", {}).get(name)
-            for entry in row.values():
-                if ref is not None and name in entry:
-                    entry[name]["vs_rope"] = entry[name]["time_s"]["median_s"] / ref["time_s"]["median_s"]
-        rows[n] = row
-        del calls
+        try:
+            rows[n] = _one_length(s, variants, n, device, dtype, log)
+        except torch.OutOfMemoryError as err:  # this length only: the next may still fit (smaller batch)
+            why = f"not run: out of memory at this length ({str(err).splitlines()[0][:80]})"
+            rows[n] = {v.label: {"batch": max(1, s.tokens // n), "not_run": why} for v in variants}
+            log(f"N = {n}: {why}")
+        finally:
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         if on_length is not None:
             on_length({"settings": settings, "rows": rows})
     return {"settings": settings, "rows": rows}
+
+
+def _one_length(s: SweepSettings, variants: list[Variant], n: int, device: torch.device, dtype: torch.dtype,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """Every variant at one length: counted FLOPs, then both passes timed, interleaved."""
+    batch = max(1, s.tokens // n)
+    base = ModelConfig(vocab_size=8, n_layers=2, d_model=s.d_model, n_heads=s.n_heads, max_seq_len=n,
+                       attn_backend=s.backend)
+    row: dict[str, Any] = {}
+    calls: dict[str, dict[str, Callable[[], Any]]] = {"forward": {}, "forward_backward": {}}
+    for v in variants:
+        cfg = v.config(base)
+        meta = build_attention_op(counted_config(v, cfg), batch, n, META, dtype, s.seed)
+        row[v.label] = {"batch": batch, "flops": {"forward": count_flops(_forward(meta)),
+                                                  "forward_backward": count_flops(_with_grads(meta))}}
+        why = not_run_reason(v, device)
+        if why is None and v.pe in BIAS_PES and n > s.bias_max_len:
+            why = f"not run: a materialised (B, H, N, N) bias past N = {s.bias_max_len}"
+        if why is not None:
+            row[v.label]["not_run"] = why
+            continue
+        op = build_attention_op(cfg, batch, n, device, dtype, s.seed)
+        row[v.label]["backend"] = op.resolved_backend()
+        calls["forward"][v.label] = _forward(op)
+        calls["forward_backward"][v.label] = _with_grads(op)
+    for name, fns in calls.items():
+        log(f"N = {n}, batch {batch}: {name}, {len(fns)} variants, {s.warmup} warm-up + {s.repeats} rounds")
+        for label, t in time_interleaved(fns, s.warmup, s.repeats, device).items():
+            flops = row[label]["flops"][name]
+            row[label][name] = {"time_s": t.to_dict(), "tflops": flops / t.median_s / 1e12}
+    for name in calls:
+        ref = row.get("rope", {}).get(name)
+        for entry in row.values():
+            if ref is not None and name in entry:
+                entry[name]["vs_rope"] = entry[name]["time_s"]["median_s"] / ref["time_s"]["median_s"]
+    return row
 
 
 TAPE_PATHS = {"tape_triton": "triton", "tape_flex": "flex", "tape_unfused": "two_calls", "tape_concat": "concat"}
@@ -142,10 +157,10 @@ def markdown(result: dict[str, Any], command: str) -> str:
     for name, title in (("forward", "Forward"), ("forward_backward", "Forward and backward")):
         out += [f"## {title}", "", "| variant | " + " | ".join(f"N = {n}" for n in lens) + " | FLOPs / RoPE's |",
                 "|---|" + "---|" * (len(lens) + 1)]
+        counted = next((rows[n] for n in lens if "flops" in rows[n].get("rope", {})), {})
         for label in labels:
-            first = rows[lens[0]]
-            flops = (f"{first[label]['flops'][name] / first['rope']['flops'][name]:.2f}"
-                     if "rope" in first else "n/a")
+            flops = (f"{counted[label]['flops'][name] / counted['rope']['flops'][name]:.2f}"
+                     if "flops" in counted.get(label, {}) else "n/a")
             cells = []
             for n in lens:
                 entry = rows[n][label]
