@@ -5,7 +5,7 @@ applied to extra value rows E. Backends (``attn_backend``):
 - ``triton``: ``tape.kernels.triton_attention``, one QKᵀ and one online softmax for [V | E] with a
   backward that sums both value paths into dq and dk. Needs triton, no bias or padding mask,
   head dims <= 128; TAPE calls only (calls without E go on as ``auto``). On CPU tensors it runs
-  under the Triton interpreter (slow: tests only). Never run on a GPU in this project so far.
+  under the Triton interpreter (slow: tests only). Run on an H100: results/gpu.md.
 - ``flex``: PyTorch's FlexAttention (``tape.model.flex``), one QKᵀ for [V | E] in one call,
   compiled on CUDA; TAPE calls without bias or padding mask only (others go on as ``auto``). On
   CPU forward only. ``auto`` takes it only where ``CUDA_TAPE_PATH`` names it (a measurement).
@@ -82,7 +82,7 @@ class Plan:
     """How one ``attend`` call runs: the backend and how A·V and A·E come out of it."""
 
     backend: str  # "flash" | "triton" | "flex" | "sdpa" | "eager"
-    values: str  # "single" (no E, or one pass: eager, triton) | "two_calls" | "concat" | "padded"
+    values: str  # "single" (no E, or one pass: eager, triton, flex) | "two_calls" | "concat" | "padded"
 
 
 def causal_mask(
