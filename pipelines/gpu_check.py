@@ -101,12 +101,11 @@ def checks(runs_dir: Path, record_dir: Path | None = None) -> list[Check]:
             f"trainer.val_check_interval={TIMED_STEPS}", f"paths.runs_dir={runs_dir}"), 300))
     out.append(Check("autotune the kernel's launch configs (bf16, head dims 64 and 128)",
                      (*py, "-m", "tape.kernels.autotune", "--dtypes", "bfloat16", "--head-dims", "64,128"), 300))
-    bench_dir = (record_dir or runs_dir) / "benchmark"
+    tables = record_dir or runs_dir  # the benchmarks' small tables travel with the window's record
     out.append(Check("benchmark at the paper's shape", (*py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
-                                                        f"output_dir={bench_dir}"), 420))
+                                                        f"output_dir={tables / 'benchmark'}"), 420))
     out.append(Check("attention operator by length, N = 1k-16k, forward and backward",
-                     (*py, "-m", "pipelines.attention_sweep", "--device", "cuda",
-                      "--out", str((record_dir or runs_dir) / "sweep")), 360))
+                     (*py, "-m", "pipelines.attention_sweep", "--device", "cuda", "--out", str(tables / "sweep")), 360))
     return out
 
 
@@ -308,10 +307,10 @@ def _window(summary: dict) -> str:
     env = summary["environment"]
     passed = sum(o["passed"] for o in summary["outcomes"])
     numbers = _numbers(summary)
-    tables = Path(summary["dir"]) / "benchmark" / "efficiency.md"
-    by_length = Path(summary["dir"]) / "sweep" / "sweep.md"
+    window = Path(summary["dir"])
+    tables, by_length = window / "benchmark" / "efficiency.md", window / "sweep" / "sweep.md"
     return "\n".join([
-        f"## Window {Path(summary['dir']).name}", "",
+        f"## Window {window.name}", "",
         f"`{summary['dir']}`: commit {env['commit']} on {env['device']} (driver {env['driver']}; "
         f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}). "
         f"{passed} of {len(summary['outcomes'])} steps passed.", "",
