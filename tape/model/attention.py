@@ -51,9 +51,10 @@ Backend = Literal["auto", "flash", "triton", "flex", "sdpa", "eager"]
 BACKENDS = ("auto", "flash", "triton", "flex", "sdpa", "eager")
 Fuse = Union[bool, Literal["two_calls", "concat", "padded"], None]
 CUDA_TAPE_PATH: Literal["triton", "flex"] = "triton"
-"""``auto``'s first choice for a TAPE call on CUDA, by measurement: the fastest exact path of the
+"""``auto``'s first choice for a TAPE call on CUDA, by measurement: the faster one-QKᵀ path in the
 attention sweep's forward+backward (``python -m pipelines.attention_sweep``, its "fastest TAPE
-path" row); the Triton kernel until a GPU sweep says otherwise."""
+path" row); the Triton kernel until a GPU sweep says otherwise. Where that row names two_calls or
+concat instead, no one-QKᵀ path wins: ``tape_fused=false`` (or ``concat``) is the setting to use."""
 CPU_CONCAT_MAX_KEYS = 512
 """On CPU, up to this many keys one [V | E] math call beats two flash calls; beyond, ``padded``."""
 
