@@ -375,3 +375,10 @@ def test_a_length_that_runs_out_of_memory_is_told_and_the_sweep_goes_on(monkeypa
     md = sweep_mod.markdown(res, "python -m pipelines.attention_sweep")
     assert "| rope | not run: out of memory" in md and "| 1.00 |" in md  # FLOPs from the length that ran
     assert_tables_well_formed(md)
+
+
+def test_the_sweep_refuses_a_variant_it_does_not_know_with_the_choices():
+    from tape.bench.sweep import SweepSettings, sweep
+
+    with pytest.raises(ValueError, match="--variants tape: name an encoding .* tape_<mode>, mode one of fused"):
+        sweep(SweepSettings(variants=["rope", "tape"]), torch.device("cpu"), torch.float32)

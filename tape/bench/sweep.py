@@ -19,7 +19,7 @@ import torch
 from tape.bench.attention_op import AttentionOp, build_attention_op
 from tape.bench.flops import META, count_flops
 from tape.bench.timing import time_interleaved
-from tape.bench.variants import Variant, counted_config, make_variants, not_run_reason
+from tape.bench.variants import TAPE_MODES, Variant, counted_config, make_variants, not_run_reason
 from tape.model import ModelConfig
 
 BIAS_PES = ("fire", "t5")
@@ -68,6 +68,9 @@ def _variants(names: list[str]) -> list[Variant]:
     pes = sorted({"tape" if n.startswith("tape_") else n for n in names})
     modes = [n.removeprefix("tape_") for n in names if n.startswith("tape_")]
     by_label = {v.label: v for v in make_variants(pes, modes)}
+    if unknown := [n for n in names if n not in by_label]:
+        raise ValueError(f"--variants {' '.join(unknown)}: name an encoding (rope, fire, ...) or a TAPE path "
+                         f"tape_<mode>, mode one of {', '.join(TAPE_MODES)}")
     return [by_label[n] for n in names]
 
 
