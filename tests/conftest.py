@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
 import pytest
+from hypothesis import HealthCheck, settings
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -14,6 +16,10 @@ from omegaconf import DictConfig, open_dict
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SMOKE = ["experiment=addition/smoke", "logger=none"]
+
+# A property fails on a wrong answer, not on a busy core: no per-example wall-clock limit.
+settings.register_profile("tape-repro", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tape-repro")
 
 
 def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
@@ -26,6 +32,16 @@ def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n auto``), each worker gets its share of the
+    cores, so the workers' torch thread pools do not oversubscribe the machine."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
