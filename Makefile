@@ -26,7 +26,7 @@ install:  ## Create .venv and install tape-repro with pinned dependencies (CPU t
 # -n auto: one pytest-xdist worker a core; --dist loadfile keeps each file's fixtures in one worker
 XDIST := -n auto --dist loadfile
 
-test:  ## Run the test suite (under 10 minutes on 2 cores)
+test:  ## Run the test suite (about 10 minutes on 2 cores, one pytest-xdist worker each)
 	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast:  ## Run the tests not marked slow
