@@ -89,7 +89,7 @@ def sweep(s: SweepSettings, device: torch.device, dtype: torch.dtype,
             rows[n] = _one_length(s, variants, n, device, dtype, log)
         except torch.OutOfMemoryError as err:  # this length only: the next may still fit (smaller batch)
             why = f"not run: out of memory at this length ({str(err).splitlines()[0][:80]})"
-            rows[n] = {v.label: {"batch": max(1, s.tokens // n), "not_run": why} for v in variants}
+            rows[n] = {v.label: {"batch": _batch(s, n), "not_run": why} for v in variants}
             log(f"N = {n}: {why}")
         finally:
             gc.collect()
@@ -100,10 +100,15 @@ def sweep(s: SweepSettings, device: torch.device, dtype: torch.dtype,
     return {"settings": settings, "rows": rows}
 
 
+def _batch(s: SweepSettings, n: int) -> int:
+    """Sequences a call at length n: about ``s.tokens`` tokens in all, at least one."""
+    return max(1, s.tokens // n)
+
+
 def _one_length(s: SweepSettings, variants: list[Variant], n: int, device: torch.device, dtype: torch.dtype,
                 log: Callable[[str], None]) -> dict[str, Any]:
     """Every variant at one length: counted FLOPs, then both passes timed, interleaved."""
-    batch = max(1, s.tokens // n)
+    batch = _batch(s, n)
     base = ModelConfig(vocab_size=8, n_layers=2, d_model=s.d_model, n_heads=s.n_heads, max_seq_len=n,
                        attn_backend=s.backend)
     row: dict[str, Any] = {}
