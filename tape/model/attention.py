@@ -7,8 +7,8 @@ applied to extra value rows E. Backends (``attn_backend``):
   head dims <= 128; TAPE calls only (calls without E go on as ``auto``). On CPU tensors it runs
   under the Triton interpreter (slow: tests only). Run on an H100: results/gpu.md.
 - ``flex``: PyTorch's FlexAttention (``tape.model.flex``), one QKᵀ for [V | E] in one call,
-  compiled on CUDA; TAPE calls without bias or padding mask only (others go on as ``auto``). On
-  CPU forward only. ``auto`` takes it only where ``CUDA_TAPE_PATH`` names it (a measurement).
+  compiled on CUDA (bf16/fp16 there); TAPE calls without bias or padding mask only (others go on
+  as ``auto``). On CPU forward only. ``auto`` takes it only where ``CUDA_TAPE_PATH`` names it (a measurement).
 - ``flash``: flash-attn (CUDA, fp16/bf16, no arbitrary bias or padding mask), one call per value
   tensor, since FlashAttention-2 wants V as wide as q and k.
 - ``sdpa``: PyTorch scaled_dot_product_attention; takes every call.
@@ -176,7 +176,10 @@ def _triton_ok(q: Tensor, k: Tensor, extra: Tensor | None, mask: Tensor | None, 
 
 
 def _flex_ok(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None) -> bool:
-    return flex_available() and mask is None and bias is None and q.shape[-2] <= k.shape[-2]
+    """FlexAttention can run this call. On CUDA bf16/fp16 only: torch 2.11's compiled fp32 kernel
+    with value [V | E] (width 128) found no launch config on an H200 (results/gpu-check/20261127-185221)."""
+    low_precision = _device_type(q) != "cuda" or q.dtype in (torch.float16, torch.bfloat16)
+    return flex_available() and low_precision and mask is None and bias is None and q.shape[-2] <= k.shape[-2]
 
 
 def _one_sdpa_call(q: Tensor, k: Tensor) -> str:
@@ -211,8 +214,9 @@ def plan_attention(
         )
     if backend == "flex" and extra is not None and not _flex_ok(q, k, mask, bias):
         raise RuntimeError(
-            "attn_backend='flex' needs PyTorch's FlexAttention (torch >= 2.5), no padding mask or "
-            "attention bias (use it for unpadded TAPE batches) and at most as many queries as keys; "
+            "attn_backend='flex' needs PyTorch's FlexAttention (torch >= 2.5), bf16/fp16 inputs on CUDA, "
+            "no padding mask or attention bias (use it for unpadded TAPE batches) and at most as many "
+            "queries as keys; "
             "use attn_backend='auto' to fall back to SDPA"
         )
     if extra is None:  # one value tensor: the Triton kernel and the flex path are for [V | E] only

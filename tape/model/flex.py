@@ -3,8 +3,10 @@
 (the queries are the last Nq of the Nk keys), grouped-query heads.
 
 On CUDA the call is compiled (``torch.compile(flex_attention)``: one fused kernel, forward and
-backward; a new (Nq, Nk) recompiles, so it suits training and evaluation at fixed shapes, not
-token-by-token decoding). On CPU PyTorch runs it unfused and has no backward: forward only.
+backward; a new (Nq, Nk) or grad mode recompiles, so it suits training and evaluation at fixed
+shapes, not token-by-token decoding). Dynamo's recompile limit is raised to
+``FLEX_RECOMPILE_LIMIT``: at its default of 8, the ninth shape silently ran PyTorch's unfused
+reference, which materialises the N x N scores (an H200 sweep hit it at N = 16k). On CPU PyTorch runs it unfused and has no backward: forward only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from typing import Any, Callable
 
 import torch
 from torch import Tensor
+
+
+FLEX_RECOMPILE_LIMIT = 64
+"""Compiled shapes (x grad modes) before dynamo gives up compiling flex_attention."""
 
 
 def flex_available() -> bool:
@@ -40,7 +46,12 @@ def _flex_fn(device_type: str) -> Callable[..., Tensor]:
     """flex_attention, compiled for CUDA; as it is elsewhere (PyTorch's unfused reference)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
+    if device_type != "cuda":
+        return flex_attention
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def flex_attend(q: Tensor, k: Tensor, values: Tensor, scale: float) -> Tensor:
