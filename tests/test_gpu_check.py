@@ -23,6 +23,7 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
     for preset in gpu_check.GPU_PRESETS:
         assert f"experiment={preset} logger=csv trainer.max_steps=50" in out
     assert "pipelines.gpu_check resume --runs" in out and "pipelines.gpu_check throughput" in out
+    assert "tape.bench.step_profile" in out
     lines = out.splitlines()  # the cheapest proofs first; the kernel tests are not run twice
     assert "pytest -q -m cuda tests/test_cuda_paths.py" in lines[0]
     assert "--ignore=tests/test_cuda_paths.py" in lines[1]

@@ -1,0 +1,120 @@
+"""Where a training step's time goes: wall time against the device's busy time, kernel counts and
+the kernels that take the most time, TAPE beside RoPE, at two batch sizes.
+
+A step whose device is busy for a small share of its wall time is bound by the host (Python and
+kernel launches), and there a TAPE/RoPE time ratio measures launch counts, not work. Run it with
+``python -m tape.bench.step_profile`` (one JSON line; on CUDA the 155M model at 1024 tokens).
+On CPU it counts the aten operators a step dispatches instead of kernels (a wiring check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from typing import Any, Sequence
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tape.bench.timing import synchronize
+from tape.bench.train_step import TrainStep
+from tape.bench.variants import make_variants
+from tape.model import ModelConfig
+
+PAPER_SHAPE = dict(vocab_size=32000, n_layers=12, d_model=768, n_heads=12, max_seq_len=1024)
+TINY_SHAPE = dict(vocab_size=64, n_layers=2, d_model=32, n_heads=2, max_seq_len=32)
+VARIANTS = ("rope", "tape_fused", "tape_unfused")  # auto's path for TAPE (the Triton kernel on CUDA) and two calls
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals (microseconds)."""
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy
+
+
+def profile_step(step: TrainStep, device: torch.device, steps: int) -> dict[str, Any]:
+    """Profile ``steps`` calls of ``step`` (already warm): per step, the device's busy time and
+    kernel count (CUDA), or the aten operators dispatched (CPU); the 8 costliest kernels."""
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    events = prof.events()
+    if not cuda:
+        ops = [e for e in events if e.name.startswith("aten::") and not e.cpu_children]
+        return {"ops_per_step": len(ops) / steps}
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+    by_name: Counter[str] = Counter()
+    for e in kernels:
+        by_name[e.name[:80]] += e.time_range.elapsed_us()
+    return {
+        "kernels_per_step": len(kernels) / steps,
+        "device_busy_ms": _busy_us(spans) / steps / 1e3,
+        "top_kernels_ms": {name: round(us / steps / 1e3, 3) for name, us in by_name.most_common(8)},
+    }
+
+
+def wall_ms(step: TrainStep, device: torch.device, steps: int) -> float:
+    """Median wall milliseconds of one step over ``steps`` steps."""
+    times = []
+    for _ in range(steps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len: int = 1024,
+                 shape: dict | None = None, warmup: int = 3, timed: int = 10, profiled: int = 3) -> dict[str, Any]:
+    """Per batch size and variant: wall ms per step, the profile, and TAPE/RoPE ratios of both."""
+    dev = torch.device(device)
+    base = ModelConfig(**(shape or (PAPER_SHAPE if dev.type == "cuda" else TINY_SHAPE)))
+    variants = {v.label: v for v in make_variants(["tape", "rope"], ["fused", "unfused"])}
+    autocast = torch.bfloat16 if dev.type == "cuda" else None
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                           "seq_len": seq_len}
+    for batch in batches:
+        rows: dict[str, Any] = {}
+        for label in VARIANTS:
+            step = TrainStep(variants[label].config(base), batch, seq_len, dev, autocast)
+            for _ in range(warmup):
+                step()
+            rows[label] = {"wall_ms": wall_ms(step, dev, timed), **profile_step(step, dev, profiled)}
+            if "device_busy_ms" in rows[label]:
+                rows[label]["busy_share"] = rows[label]["device_busy_ms"] / rows[label]["wall_ms"]
+            del step
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+        for label in VARIANTS[1:]:
+            for key in ("wall_ms", "device_busy_ms", "kernels_per_step", "ops_per_step"):
+                if key in rows[label]:
+                    rows[label][f"{key}_vs_rope"] = rows[label][key] / rows["rope"][key]
+        out[f"batch_{batch}"] = rows
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tape.bench.step_profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batches", default="4,16", help="comma-separated batch sizes (of seq-len tokens)")
+    p.add_argument("--seq-len", type=int, default=1024)
+    args = p.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(json.dumps(step_profile(args.device, batches, args.seq_len)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
