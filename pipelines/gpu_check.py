@@ -10,7 +10,8 @@ overwritten), the training runs in ``runs/gpu-check/<time>/runs``:
 3. the TAPE model at the paper's 155M shape, N = 1024, bf16 autocast: Triton kernel vs SDPA vs
    float64 logits and gradients (``python -m pipelines.gpu_check model``);
    then where its training step's time goes: wall time against the device's busy time, kernels per
-   step and the costliest kernels, TAPE beside RoPE at batch 4 and 16 (``python -m tape.bench.step_profile``);
+   step and the costliest kernels, TAPE beside RoPE at batch 4 and 16 (``python -m tape.bench.step_profile``),
+   and the same with every model compiled (``--compile``: launches out of the way);
 4. ``pipelines.train`` on CUDA: every experiment's smoke preset with bf16-mixed, and FSDP on one
    GPU with gradient clipping on;
 5. addition/smoke interrupted, resumed with ``ckpt_path=last`` and evaluated with
@@ -87,7 +88,9 @@ def checks(runs_dir: Path, record_dir: Path | None = None) -> list[Check]:
                  (*py, "-m", "pytest", "-q", "-m", "cuda", "tests", f"--ignore={PATHS_TESTS}"), 240),
            Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120),
            Check("where a 155M training step's time goes, TAPE vs RoPE, batch 4 and 16 (profiler)",
-                 (*py, "-m", "tape.bench.step_profile"), 180)]
+                 (*py, "-m", "tape.bench.step_profile"), 180),
+           Check("the same, every model through torch.compile, batch 4 (profiler)",
+                 (*py, "-m", "tape.bench.step_profile", "--compile", "--batches", "4"), 420)]
     for exp in SMOKE_EXPERIMENTS:
         out.append(Check(f"train {exp}/smoke, bf16-mixed", (*py, "-m", "pipelines.train", f"experiment={exp}/smoke",
                                                            *GPU, f"paths.runs_dir={runs_dir}"), 180))

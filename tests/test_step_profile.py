@@ -17,7 +17,7 @@ def test_busy_time_is_the_union_of_kernel_intervals() -> None:
 def test_a_cpu_profile_counts_operators_and_tapes_extra_work(capsys: pytest.CaptureFixture) -> None:
     assert step_profile.main(["--device", "cpu", "--batches", "1,2", "--seq-len", "16"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["device"] == "cpu" and set(out) == {"device", "seq_len", "batch_1", "batch_2"}
+    assert out["device"] == "cpu" and set(out) == {"device", "seq_len", "compiled", "batch_1", "batch_2"}
     for batch in ("batch_1", "batch_2"):
         rows = out[batch]
         assert set(rows) == set(step_profile.VARIANTS)
@@ -26,3 +26,13 @@ def test_a_cpu_profile_counts_operators_and_tapes_extra_work(capsys: pytest.Capt
         assert rows["tape_fused"]["ops_per_step"] > rows["rope"]["ops_per_step"] > 0
         assert rows["tape_fused"]["ops_per_step_vs_rope"] == pytest.approx(
             rows["tape_fused"]["ops_per_step"] / rows["rope"]["ops_per_step"])
+
+
+def test_compile_runs_every_model_through_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wiring only: inductor takes over a minute per model on a CPU (the GPU check compiles for real)."""
+    import torch
+
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model: compiled.append(type(model).__name__) or model)
+    out = step_profile.step_profile("cpu", [1], 8, warmup=1, timed=1, profiled=1, compile_model=True)
+    assert out["compiled"] is True and compiled == ["DecoderLM"] * len(step_profile.VARIANTS)

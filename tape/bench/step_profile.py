@@ -5,6 +5,8 @@ A step whose device is busy for a small share of its wall time is bound by the h
 kernel launches), and there a TAPE/RoPE time ratio measures launch counts, not work. Run it with
 ``python -m tape.bench.step_profile`` (one JSON line; on CUDA the 155M model at 1024 tokens).
 On CPU it counts the aten operators a step dispatches instead of kernels (a wiring check).
+``--compile`` runs every model through ``torch.compile`` (minutes of compiling on the GPU), which
+removes most launches: the ratio that remains is the work's.
 """
 
 from __future__ import annotations
@@ -76,18 +78,19 @@ def wall_ms(step: TrainStep, device: torch.device, steps: int) -> float:
 
 
 def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len: int = 1024,
-                 shape: dict | None = None, warmup: int = 3, timed: int = 10, profiled: int = 3) -> dict[str, Any]:
+                 shape: dict | None = None, warmup: int = 3, timed: int = 10, profiled: int = 3,
+                 compile_model: bool = False) -> dict[str, Any]:
     """Per batch size and variant: wall ms per step, the profile, and TAPE/RoPE ratios of both."""
     dev = torch.device(device)
     base = ModelConfig(**(shape or (PAPER_SHAPE if dev.type == "cuda" else TINY_SHAPE)))
     variants = {v.label: v for v in make_variants(["tape", "rope"], ["fused", "unfused"])}
     autocast = torch.bfloat16 if dev.type == "cuda" else None
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-                           "seq_len": seq_len}
+                           "seq_len": seq_len, "compiled": compile_model}
     for batch in batches:
         rows: dict[str, Any] = {}
         for label in VARIANTS:
-            step = TrainStep(variants[label].config(base), batch, seq_len, dev, autocast)
+            step = TrainStep(variants[label].config(base), batch, seq_len, dev, autocast, compile_model=compile_model)
             for _ in range(warmup):
                 step()
             rows[label] = {"wall_ms": wall_ms(step, dev, timed), **profile_step(step, dev, profiled)}
@@ -110,9 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batches", default="4,16", help="comma-separated batch sizes (of seq-len tokens)")
     p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--compile", action="store_true", help="torch.compile every model first")
     args = p.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    print(json.dumps(step_profile(args.device, batches, args.seq_len)))
+    print(json.dumps(step_profile(args.device, batches, args.seq_len, compile_model=args.compile)))
     return 0
 
 

@@ -22,10 +22,13 @@ class TrainStep:
         autocast: torch.dtype | None = None,
         lr: float = 1e-4,
         seed: int = 0,
+        compile_model: bool = False,
     ) -> None:
         torch.manual_seed(seed)
         self.device, self.autocast = device, autocast
         self.model = DecoderLM(cfg).to(device).train()
+        if compile_model:  # torch.compile: fused elementwise kernels, far fewer launches per step
+            self.model = torch.compile(self.model)
         gen = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=gen).to(device)  # (B, N)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
