@@ -51,6 +51,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from pipelines.gpu_targets import window_targets
+
 SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
 GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu", "parity/gpu", "mqar/gpu", "selective_copy/gpu", "counting/gpu")
 TIMED_STEPS = 50
@@ -324,6 +326,7 @@ def _window(summary: dict) -> str:
         "| check | verdict | wall time | log |", "|---|---|---|---|", *_outcome_rows(summary), "",
         *(["Numbers printed by the in-process steps:", "", *numbers, ""] if numbers else []),
         *([f"The efficiency benchmark's tables (paper Table 4's shape): `{tables}`.", ""] if tables.is_file() else []),
+        *window_targets(window),
         *([f"The attention operator by length: `{by_length}`.", ""] if by_length.is_file() else []),
     ])
 

@@ -382,3 +382,19 @@ def test_the_sweep_refuses_a_variant_it_does_not_know_with_the_choices():
 
     with pytest.raises(ValueError, match="--variants tape: name an encoding .* tape_<mode>, mode one of fused"):
         sweep(SweepSettings(variants=["rope", "tape"]), torch.device("cpu"), torch.float32)
+
+
+def test_on_cuda_tape_fused_is_counted_with_one_qk():
+    """On CUDA tape_fused=true runs one QKᵀ (the kernel or one [V | E] call); a GPU benchmark
+    counted it as the CPU's call at 1024 keys (q and k padded to [V | E]'s width)."""
+    from tape.bench.variants import counted_on
+
+    variants = {v.label: v for v in make_variants(["tape"], ["fused", "triton"])}
+    base = ModelConfig(vocab_size=8, n_layers=2, d_model=64, n_heads=4, max_seq_len=1024, attn_backend="auto")
+
+    def op_flops(label: str, device: str) -> int:
+        cfg = counted_on(variants[label], variants[label].config(base), torch.device(device))
+        return count_flops(build_attention_op(cfg, 1, 1024, META, torch.float32, 0))
+
+    assert op_flops("tape_fused", "cuda") == op_flops("tape_triton", "cuda")  # one QKᵀ, as the kernel
+    assert op_flops("tape_fused", "cpu") > op_flops("tape_fused", "cuda")  # the CPU's padded call

@@ -163,3 +163,26 @@ def test_throughput_runs_every_paper_preset_on_a_cpu_at_a_tiny_shape(capsys: pyt
     assert tape["tokens_per_step"] == 64 * 64 and tape["steps"] == 1000
     last = capsys.readouterr().out.strip().splitlines()[-1]  # the line the results page shows
     assert set(json.loads(last)) == set(out)
+
+
+def test_the_page_judges_the_efficiency_targets_from_a_gpu_benchmark(tmp_path: Path) -> None:
+    """The H200 window's committed benchmark: every TAPE path missed the step-time target."""
+    import re
+    import shutil
+
+    from pipelines.gpu_targets import STEP_TIME_TARGET, targets_md, window_targets
+
+    window = Path("results/gpu-check/20261127-185221")
+    efficiency = json.loads((window / "benchmark" / "efficiency.json").read_text())
+    rows = [line for line in targets_md(efficiency) if line.startswith("| ") and "step time" not in line]
+    assert len(rows) == 6 and all(len(re.findall(r"(?<!\\)\|", r)) == 8 for r in rows)  # no bare | in a cell
+    triton = next(r for r in rows if r.startswith("| the Triton kernel |"))
+    ratio = efficiency["tape_vs_rope"]["train_step"]["triton"]["time_paired"]["median"]
+    assert f"{ratio:.3f}" in triton and ("missed" in triton) == (ratio > STEP_TIME_TARGET)
+    cpu_window = tmp_path / "cpu"
+    (cpu_window / "benchmark").mkdir(parents=True)
+    efficiency["machine"]["device"] = "cpu"
+    (cpu_window / "benchmark" / "efficiency.json").write_text(json.dumps(efficiency))
+    assert window_targets(cpu_window) == [] and window_targets(tmp_path / "none") == []
+    shutil.copytree(window, tmp_path / "gpu")
+    assert window_targets(tmp_path / "gpu")[0] == "### Efficiency targets (TAPE / RoPE)"

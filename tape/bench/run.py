@@ -16,7 +16,7 @@ from tape.bench.machine import library_versions, machine_info, peak_bf16_flops
 from tape.bench.memory import cuda_peak_bytes, rss_in_subprocess, saved_tensor_bytes, saved_tensors_by_shape
 from tape.bench.timing import paired_ratio, time_interleaved
 from tape.bench.train_step import TrainStep
-from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, counted_config, make_variants, not_run_reason
+from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, counted_config, counted_on, make_variants, not_run_reason
 from tape.model import ModelConfig
 from tape.paper import paper_number
 
@@ -131,7 +131,7 @@ def _op_bench(
     ops = {}
     for v in variants:
         cfg = v.config(base)
-        meta_op = build_attention_op(counted_config(v, cfg), o.batch, o.seq_len, META, dtype, s.seed)
+        meta_op = build_attention_op(counted_on(v, cfg, device), o.batch, o.seq_len, META, dtype, s.seed)
         rows[v.label] = {"pe": v.pe, "fused": v.fused, "flops": count_flops(meta_op)}
         if (why := not_run_reason(v, device)) is not None:
             rows[v.label].update(backend=cfg.attn_backend, not_run=why)
@@ -166,7 +166,7 @@ def _train_bench(
     peak = peak_bf16_flops(device) if autocast == torch.bfloat16 else None
     for v in variants:
         cfg = v.config(base)
-        costs = model_costs(counted_config(v, cfg), t.batch, t.seq_len, backward=True)
+        costs = model_costs(counted_on(v, cfg, device), t.batch, t.seq_len, backward=True)
         rows[v.label] = {"pe": v.pe, "fused": v.fused, "params": costs["params"],
                          "flops": costs["flops"], "model": cfg.to_dict()}
         if (why := not_run_reason(v, device)) is not None:

@@ -73,6 +73,12 @@ def not_run_reason(v: Variant, device: torch.device) -> str | None:
     return None
 
 
+def counted_on(v: Variant, cfg: ModelConfig, device: torch.device) -> ModelConfig:
+    """The config counted for a run on ``device``: on CUDA tape_fused is one QKᵀ (the Triton
+    kernel, or one SDPA call with [V | E]); elsewhere it is what runs there."""
+    return counted_config(v, cfg, one_qk=device.type == "cuda")
+
+
 def counted_config(v: Variant, cfg: ModelConfig, one_qk: bool = False) -> ModelConfig:
     """The config whose matrix products are counted on the meta device. The Triton kernel and
     FlexAttention cannot run there; their arithmetic is one [V | E] call's (one QKᵀ, A·V and
