@@ -35,4 +35,5 @@ def test_compile_runs_every_model_through_torch_compile(monkeypatch: pytest.Monk
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda model: compiled.append(type(model).__name__) or model)
     out = step_profile.step_profile("cpu", [1], 8, warmup=1, timed=1, profiled=1, compile_model=True)
-    assert out["compiled"] is True and compiled == ["DecoderLM"] * len(step_profile.VARIANTS)
+    assert out["compiled"] is True and compiled == ["DecoderLM"] * 2
+    assert set(out["batch_1"]) == set(step_profile.COMPILED_VARIANTS) == {"rope", "tape_fused"}
