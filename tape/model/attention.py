@@ -8,7 +8,8 @@ applied to extra value rows E. Backends (``attn_backend``):
   under the Triton interpreter (slow: tests only). Run on an H100: results/gpu.md.
 - ``flex``: PyTorch's FlexAttention (``tape.model.flex``), one QKᵀ for [V | E] in one call,
   compiled on CUDA (bf16/fp16 there); TAPE calls without bias or padding mask only (others go on
-  as ``auto``). On CPU forward only. ``auto`` takes it only where ``CUDA_TAPE_PATH`` names it (a measurement).
+  as ``auto``). On CPU forward only. ``auto`` takes it only where ``CUDA_TAPE_PATH`` names it
+  (a measurement).
 - ``flash``: flash-attn (CUDA, fp16/bf16, no arbitrary bias or padding mask), one call per value
   tensor, since FlashAttention-2 wants V as wide as q and k.
 - ``sdpa``: PyTorch scaled_dot_product_attention; takes every call.
@@ -216,8 +217,7 @@ def plan_attention(
         raise RuntimeError(
             "attn_backend='flex' needs PyTorch's FlexAttention (torch >= 2.5), bf16/fp16 inputs on CUDA, "
             "no padding mask or attention bias (use it for unpadded TAPE batches) and at most as many "
-            "queries as keys; "
-            "use attn_backend='auto' to fall back to SDPA"
+            "queries as keys; use attn_backend='auto' to fall back to SDPA"
         )
     if extra is None:  # one value tensor: the Triton kernel and the flex path are for [V | E] only
         if backend in ("sdpa", "eager"):

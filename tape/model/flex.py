@@ -6,7 +6,8 @@ On CUDA the call is compiled (``torch.compile(flex_attention)``: one fused kerne
 backward; a new (Nq, Nk) or grad mode recompiles, so it suits training and evaluation at fixed
 shapes, not token-by-token decoding). Dynamo's recompile limit is raised to
 ``FLEX_RECOMPILE_LIMIT``: at its default of 8, the ninth shape silently ran PyTorch's unfused
-reference, which materialises the N x N scores (an H200 sweep hit it at N = 16k). On CPU PyTorch runs it unfused and has no backward: forward only.
+reference, which materialises the N x N scores (an H200 sweep hit it at N = 16k). On CPU
+PyTorch runs it unfused and has no backward: forward only.
 """
 
 from __future__ import annotations
