@@ -26,7 +26,8 @@ def targets_md(efficiency: dict) -> list[str]:
     lines = [f"Training step of the {shape['n_layers']}-layer model (d_model {shape['d_model']}), batch "
              f"{shape['batch']} x {shape['seq_len']} tokens, on {efficiency['machine'].get('gpu')}; "
              f"targets: step time <= {STEP_TIME_TARGET}, peak memory <= {STEP_MEMORY_TARGET} "
-             "(the issue's; the forward-only operator has none, its fwd+bwd target is judged by the sweep).", "",
+             "(the issue's; the forward-only operator has none, its fwd+bwd target is judged by "
+             "the sweep).", "",
              "| TAPE path | step time / RoPE (paired) | time target | peak memory / RoPE | memory target "
              "| attention op, forward / RoPE | FLOPs / RoPE (step) |",
              "|---|---|---|---|---|---|---|"]

@@ -27,7 +27,7 @@ from tape.model import ModelConfig
 
 PAPER_SHAPE = dict(vocab_size=32000, n_layers=12, d_model=768, n_heads=12, max_seq_len=1024)
 TINY_SHAPE = dict(vocab_size=64, n_layers=2, d_model=32, n_heads=2, max_seq_len=32)
-VARIANTS = ("rope", "tape_fused", "tape_unfused")  # auto's path for TAPE (the Triton kernel on CUDA) and two calls
+VARIANTS = ("rope", "tape_fused", "tape_unfused")  # TAPE: auto's path (the Triton kernel on CUDA), two calls
 COMPILED_VARIANTS = VARIANTS[:2]  # compiling takes minutes a model on a GPU: RoPE and auto's TAPE
 
 
@@ -92,7 +92,8 @@ def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len
     for batch in batches:
         rows: dict[str, Any] = {}
         for label in labels:
-            step = TrainStep(variants[label].config(base), batch, seq_len, dev, autocast, compile_model=compile_model)
+            step = TrainStep(variants[label].config(base), batch, seq_len, dev, autocast,
+                             compile_model=compile_model)
             for _ in range(warmup):
                 step()
             rows[label] = {"wall_ms": wall_ms(step, dev, timed), **profile_step(step, dev, profiled)}
