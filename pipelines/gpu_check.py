@@ -91,7 +91,7 @@ def checks(runs_dir: Path, record_dir: Path | None = None) -> list[Check]:
            Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120),
            Check("where a 155M training step's time goes, TAPE vs RoPE, batch 4 and 16 (profiler)",
                  (*py, "-m", "tape.bench.step_profile"), 180),
-           Check("the same, RoPE and TAPE through torch.compile, batch 4 (profiler)",
+           Check("a 155M step compiled (torch.compile), RoPE vs TAPE, batch 4 (profiler)",
                  (*py, "-m", "tape.bench.step_profile", "--compile", "--batches", "4"), 420)]
     for exp in SMOKE_EXPERIMENTS:
         out.append(Check(f"train {exp}/smoke, bf16-mixed", (*py, "-m", "pipelines.train", f"experiment={exp}/smoke",
