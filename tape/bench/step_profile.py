@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections import Counter
 from typing import Any, Sequence
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tape.bench.timing import synchronize
+from tape.bench.timing import synchronize, time_interleaved
 from tape.bench.train_step import TrainStep
 from tape.bench.variants import make_variants
 from tape.model import ModelConfig
@@ -66,18 +65,6 @@ def profile_step(step: TrainStep, device: torch.device, steps: int) -> dict[str,
     }
 
 
-def wall_ms(step: TrainStep, device: torch.device, steps: int) -> float:
-    """Median wall milliseconds of one step over ``steps`` steps."""
-    times = []
-    for _ in range(steps):
-        synchronize(device)
-        t0 = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len: int = 1024,
                  shape: dict | None = None, warmup: int = 3, timed: int = 10, profiled: int = 3,
                  compile_model: bool = False) -> dict[str, Any]:
@@ -94,9 +81,8 @@ def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len
         for label in labels:
             step = TrainStep(variants[label].config(base), batch, seq_len, dev, autocast,
                              compile_model=compile_model)
-            for _ in range(warmup):
-                step()
-            rows[label] = {"wall_ms": wall_ms(step, dev, timed), **profile_step(step, dev, profiled)}
+            timing = time_interleaved({label: step}, warmup, timed, dev)[label]  # one model alone
+            rows[label] = {"wall_ms": timing.median_s * 1e3, **profile_step(step, dev, profiled)}
             if "device_busy_ms" in rows[label]:
                 rows[label]["busy_share"] = rows[label]["device_busy_ms"] / rows[label]["wall_ms"]
             del step
