@@ -31,11 +31,30 @@ def check_optim(cfg: DictConfig) -> None:
         raise PipelineConfigError("; ".join(f"optim.{p}" for p in problems))
 
 
+def check_compile(cfg: DictConfig, runs_itself: bool = False) -> None:
+    """``compile`` is a bool, and true only where it has an effect that has been checked."""
+    value = cfg.get("compile", False)
+    if not isinstance(value, bool):
+        raise PipelineConfigError(f"compile={value!r} must be true or false")
+    if not value:
+        return
+    if runs_itself:
+        raise PipelineConfigError(
+            "compile=true applies to the decoder trained by pipelines.train; this task runs its own "
+            "fits (Hugging Face Llama) and does not compile: drop compile=true")
+    strategy = OmegaConf.select(cfg, "trainer.strategy._target_", default=None)
+    if strategy is not None and strategy.endswith("FSDPStrategy"):
+        raise PipelineConfigError(
+            "compile=true has not been verified with trainer=fsdp; use trainer=gpu or trainer=ddp, "
+            "or drop compile=true")
+
+
 def check_trainer(cfg: DictConfig) -> None:
     """The last step must be validated (so last.ckpt and metrics hold the final model), and
     checkpoints must fall on optimizer steps (so a resumed run replays exactly); optimizer values
     and the training step's memory are checked here too."""
     check_optim(cfg)
+    check_compile(cfg)
     check_fits(cfg)
     require_int(cfg, "seed", "trainer.max_steps", "trainer.val_check_interval",
                 "trainer.accumulate_grad_batches")

@@ -99,6 +99,9 @@ def checks(runs_dir: Path, record_dir: Path | None = None) -> list[Check]:
     out.append(Check("train addition/smoke, FSDP on one GPU, clipping on",
                      (*py, "-m", "pipelines.train", "experiment=addition/smoke", "trainer=fsdp",
                       "trainer.devices=1", "logger=csv", "trainer.gradient_clip_val=0.5", f"paths.runs_dir={runs_dir}"), 180))
+    out.append(Check("train addition/smoke through torch.compile (compile=true), bf16-mixed",
+                     (*py, "-m", "pipelines.train", "experiment=addition/smoke", "compile=true", *GPU,
+                      f"paths.runs_dir={runs_dir}"), 300))
     out.append(Check("train, interrupt, resume, evaluate addition/smoke on CUDA",
                      (*py, "-m", "pipelines.gpu_check", "resume", "--runs", str(runs_dir / "resume")), 240))
     out.append(Check("TAPE at Llama-2-7B layer shape, N=4096", (*py, "-m", "pipelines.gpu_check", "llama7b"), 240))

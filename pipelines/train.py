@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from pipelines import wandb_log
-from pipelines.config_checks import check_accelerator, check_trainer
+from pipelines.config_checks import check_accelerator, check_compile, check_trainer
 from pipelines.entry import run_entry, task_wrapper
 from pipelines.hydra_conf import instantiate_group
 from pipelines.logs import job_log_name, quiet_known_noise, start_log_file
@@ -47,6 +47,7 @@ def build_module(cfg: DictConfig) -> CausalLMModule:
         model=model_config(cfg).to_dict(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
         weight_decay=o.weight_decay, warmup_steps=o.warmup_steps, schedule=o.schedule,
         min_lr_ratio=o.min_lr_ratio, total_steps=cfg.trainer.max_steps, seed=cfg.seed,
+        compile_model=bool(cfg.get("compile", False)),
     )
     if cfg.get("paired_init", False):  # same seed -> same shared initial weights for every PE
         pair_initial_weights(module.model, int(cfg.seed))
@@ -66,6 +67,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     task = tasks.get(cfg.task.name)
     wandb_log.check_online_login(cfg)
     if task.runs_itself:  # a multi-stage task (context extension) runs its own fits
+        check_compile(cfg, runs_itself=True)
         check_accelerator(cfg.trainer)
         quiet_known_noise()
         return task.run(cfg)

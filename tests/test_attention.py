@@ -318,3 +318,21 @@ def test_compiled_flex_outlasts_dynamos_default_recompile_limit(monkeypatch):
         assert dynamo_config.recompile_limit >= flex.FLEX_RECOMPILE_LIMIT >= 2 * 16  # 16 shapes, grad on and off
     finally:
         flex._flex_fn.cache_clear()
+
+
+def test_under_torch_compile_auto_leaves_the_triton_kernel_for_traceable_paths(monkeypatch):
+    """The compiler cannot trace our kernel's autograd Function: auto takes flex (bf16/fp16) or SDPA."""
+    _fake(monkeypatch, triton=True)
+    monkeypatch.setattr(attention, "flex_available", lambda: True)
+    assert _plan() == Plan("triton", "single")  # eager
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _plan() == Plan("flex", "single") and _plan(dtype=torch.float16) == Plan("flex", "single")
+    assert _plan(dtype=torch.float32).backend == "sdpa"  # compiled flex has no fp32 config on CUDA
+    assert _plan(hkv=2, dtype=torch.float32) == Plan("sdpa", "two_calls")  # GQA
+    monkeypatch.setattr(attention, "flex_available", lambda: False)
+    assert _plan() == Plan("sdpa", "concat")
+    assert _plan("triton") == Plan("triton", "single")  # forced: runs eagerly, a graph break
+
+
+def test_a_forced_triton_call_is_a_graph_break_not_a_trace() -> None:
+    assert getattr(attention._triton, "_torchdynamo_disable", False)

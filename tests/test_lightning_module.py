@@ -76,3 +76,32 @@ def test_a_training_step_never_waits_for_the_gpu() -> None:
         loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_compiled_training_steps_match_eager_and_validation_stays_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile_model=True trains through torch.compile (here its aot_eager backend: the captured
+    graph with eager kernels, seconds instead of inductor's minutes) and evaluates eagerly."""
+    real_compile, compiled = torch.compile, []
+
+    def spy(model: torch.nn.Module) -> torch.nn.Module:
+        compiled.append(model)
+        return real_compile(model, backend="aot_eager")
+
+    monkeypatch.setattr(torch, "compile", spy)
+    torch._dynamo.reset()
+    eager = module().train()
+    fast = CausalLMModule(eager.hparams["model"], compile_model=True).train()
+    fast.load_state_dict(eager.state_dict())
+    for m in (eager, fast):
+        m.log = lambda *a, **k: None  # type: ignore[method-assign]
+    b = eager.on_before_batch_transfer(batch(), 0)
+    losses = [m.training_step(b, 0) for m in (eager, fast)]
+    for loss in losses:
+        loss.backward()
+    assert compiled == [fast.model]  # built once, at the first training step
+    torch.testing.assert_close(losses[1], losses[0])
+    for p_fast, p_eager in zip(fast.parameters(), eager.parameters()):
+        torch.testing.assert_close(p_fast.grad, p_eager.grad)
+    assert set(fast.state_dict()) == set(eager.state_dict())  # no compiled wrapper in checkpoints
+    fast.eval()
+    assert fast._model_for_step() is fast.model  # validation and evaluation run eagerly

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf, open_dict
 
 import tape.pe
 from conftest import CONF_DIR, compose_config
-from pipelines.config_checks import check_trainer
+from pipelines.config_checks import check_compile, check_trainer
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import instantiate_group
 from pipelines.models import model_config
@@ -159,6 +159,8 @@ def test_unknown_key_is_refused() -> None:
         (["trainer.val_check_interval=4"], "trainer.val_check_interval"),
         (["trainer.accumulate_grad_batches=2"], "trainer.val_check_interval"),
         (["model.vocab_size=10"], "model.vocab_size"),
+        (["compile=yes"], "compile"),
+        (["compile=true", "trainer=fsdp"], "trainer=fsdp"),
     ],
 )
 def test_impossible_combinations_fail_before_training_naming_the_key(
@@ -188,3 +190,13 @@ def test_module_gets_the_composed_model_and_optimizer() -> None:
     assert module.model.cfg.pe == "fire" and module.model.cfg.pe_options["fire_mlp_width"] == 8
     assert module.model.cfg.vocab_size == 18 and module.hparams.lr == 0.01
     assert module.hparams.total_steps == cfg.trainer.max_steps
+
+
+def test_compile_reaches_the_module_and_stays_out_of_its_checkpoint() -> None:
+    cfg = compose_config("config", ["experiment=addition/smoke", "compile=true"])
+    check_trainer(cfg)
+    module = build_module(cfg)
+    assert module.compile_model is True and "compile_model" not in module.hparams
+    assert build_module(compose_config("config", ["experiment=addition/smoke"])).compile_model is False
+    with pytest.raises(PipelineConfigError, match="drop compile=true"):
+        check_compile(cfg, runs_itself=True)  # context extension trains Hugging Face Llama itself

@@ -3,7 +3,8 @@
 Batches are dicts with ``input_ids`` (B, N) and ``labels`` (B, N); labels equal to IGNORE_INDEX
 (prompt, padding) do not count. Randomness inside a training step (RandPE's random positions)
 is reseeded from (seed, rank, batch index) at every batch, so a run resumed from a checkpoint
-replays exactly what an uninterrupted run would have done.
+replays exactly what an uninterrupted run would have done. ``compile_model`` runs training steps
+through torch.compile (docs/devices.md, "Compiled training").
 """
 
 from __future__ import annotations
@@ -38,13 +39,27 @@ class CausalLMModule(L.LightningModule):
         min_lr_ratio: float = 0.1,
         total_steps: int = 1000,
         seed: int = 0,
+        compile_model: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()  # the checkpoint alone can rebuild the model
+        # The checkpoint alone can rebuild the model; compiling is how this run trains, not what.
+        self.save_hyperparameters(ignore=["compile_model"])
         self.model = DecoderLM(ModelConfig.from_dict(pe_registry.legacy_options(dict(model))))
+        self.compile_model = compile_model
+        self._compiled: dict[str, Any] = {}  # a plain dict: the compiled wrapper is no submodule
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        return self.model(input_ids).logits  # (B, N, V)
+        return self._model_for_step()(input_ids).logits  # (B, N, V)
+
+    def _model_for_step(self) -> Any:
+        """The model through torch.compile in training when ``compile_model`` is set (built at the
+        first training step, after the strategy has moved and wrapped the model); else eager.
+        Validation and evaluation stay eager: their shapes change (decoding with a cache)."""
+        if not (self.compile_model and self.training):
+            return self.model
+        if "train" not in self._compiled:
+            self._compiled["train"] = torch.compile(self.model)
+        return self._compiled["train"]
 
     def _scored(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """Logits (B, N-1, V), targets (B, N-1) and the mask of scored positions (B, N-1).

@@ -22,6 +22,9 @@ else two equal-width calls with flash-attn or under grouped-query attention (SDP
 want V as wide as q/k there), else one SDPA ``concat`` call (its memory-efficient and cuDNN
 kernels take a wider value).
 A TAPE call on CPU: one SDPA call, ``concat`` up to ``CPU_CONCAT_MAX_KEYS`` keys, else ``padded``.
+Under ``torch.compile`` ``auto`` never takes the Triton kernel (an opaque autograd Function to the
+compiler): FlexAttention (CUDA bf16/fp16), else SDPA, both traced into the compiled graph. A
+forced ``triton`` runs eagerly there (a graph break).
 
 The SDPA value layouts (``fuse``, TAPE's ``tape_fused`` option):
 - ``"two_calls"`` (False): one call per value tensor of equal width (QKᵀ and softmax twice);
@@ -147,6 +150,7 @@ def _flash(q, k, v, alibi_slopes, scale):
     return out.transpose(1, 2)
 
 
+@torch.compiler.disable  # forced under torch.compile: run the kernel eagerly (a graph break)
 def _triton(q, k, v, extra, scale):
     from tape.kernels.triton_attention import fused_attention
 
@@ -232,9 +236,10 @@ def plan_attention(
     if backend == "flash":
         return Plan("flash", "two_calls")
     if backend == "auto" and mode in ("one", "auto") and cuda:
-        if CUDA_TAPE_PATH == "flex" and _flex_ok(q, k, mask, bias):
+        compiling = torch.compiler.is_compiling()  # the compiler traces flex and SDPA, not our kernel
+        if (CUDA_TAPE_PATH == "flex" or compiling) and _flex_ok(q, k, mask, bias):
             return Plan("flex", "single")
-        if _triton_ok(q, k, extra, mask, bias):
+        if _triton_ok(q, k, extra, mask, bias) and not compiling:
             return Plan("triton", "single")
     gqa = q.shape[1] != k.shape[1]
     if mode == "two_calls" or (backend == "auto" and mode == "auto" and cuda and (flash_ok or gqa)):

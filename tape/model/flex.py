@@ -44,7 +44,8 @@ def _causal_block_mask(n_queries: int, n_keys: int, device: str) -> Any:
 
 @lru_cache(maxsize=2)
 def _flex_fn(device_type: str) -> Callable[..., Tensor]:
-    """flex_attention, compiled for CUDA; as it is elsewhere (PyTorch's unfused reference)."""
+    """flex_attention, compiled for CUDA; as it is elsewhere (PyTorch's unfused reference) and
+    inside a region torch.compile is tracing (the outer compile fuses it)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if device_type != "cuda":
@@ -63,5 +64,5 @@ def flex_attend(q: Tensor, k: Tensor, values: Tensor, scale: float) -> Tensor:
             "attn_backend='flex' has no backward on CPU (PyTorch's FlexAttention); use it on CUDA, "
             "under torch.no_grad() on CPU, or choose attn_backend='auto'")
     mask = _causal_block_mask(q.shape[-2], k.shape[-2], str(q.device))
-    return _flex_fn(q.device.type)(q, k, values, block_mask=mask, scale=scale,
-                                   enable_gqa=q.shape[1] != k.shape[1])
+    fn = _flex_fn("inside torch.compile" if torch.compiler.is_compiling() else q.device.type)
+    return fn(q, k, values, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
