@@ -44,8 +44,7 @@ def _causal_block_mask(n_queries: int, n_keys: int, device: str) -> Any:
 
 @lru_cache(maxsize=2)
 def _flex_fn(device_type: str) -> Callable[..., Tensor]:
-    """flex_attention, compiled for CUDA; as it is elsewhere (PyTorch's unfused reference) and
-    inside a region torch.compile is tracing (the outer compile fuses it)."""
+    """flex_attention, compiled for CUDA; as it is elsewhere (PyTorch's unfused reference)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if device_type != "cuda":
@@ -63,6 +62,11 @@ def flex_attend(q: Tensor, k: Tensor, values: Tensor, scale: float) -> Tensor:
         raise RuntimeError(
             "attn_backend='flex' has no backward on CPU (PyTorch's FlexAttention); use it on CUDA, "
             "under torch.no_grad() on CPU, or choose attn_backend='auto'")
-    mask = _causal_block_mask(q.shape[-2], k.shape[-2], str(q.device))
-    fn = _flex_fn("inside torch.compile" if torch.compiler.is_compiling() else q.device.type)
+    shape = (q.shape[-2], k.shape[-2], str(q.device))
+    if torch.compiler.is_compiling():  # inside a compiled model: the outer compile fuses the call
+        from torch.nn.attention.flex_attention import flex_attention as fn
+
+        mask = _causal_block_mask.__wrapped__(*shape)  # traced, not cached (dynamo skips caches)
+    else:
+        fn, mask = _flex_fn(q.device.type), _causal_block_mask(*shape)
     return fn(q, k, values, block_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
