@@ -47,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "sweep.md").write_text(markdown(result, command) + "\n")
         print(f"wrote {out}/sweep.json and sweep.md ({len(result['rows'])} length(s))", flush=True)
 
-    sweep(settings, device, dtype, log=lambda m: print(m, flush=True), on_length=write)
+    result = sweep(settings, device, dtype, log=lambda m: print(m, flush=True), on_length=write)
+    print(markdown(result, command), flush=True)  # the log keeps the tables if the files are lost
     return 0
 
 

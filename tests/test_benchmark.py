@@ -316,7 +316,7 @@ def test_operator_notes_name_every_registered_encoding():
 
 
 # ---------------------------------------------------------------- the attention operator by length
-def test_the_sweep_times_each_length_both_passes_and_says_what_did_not_run(tmp_path):
+def test_the_sweep_times_each_length_both_passes_and_says_what_did_not_run(tmp_path, capsys):
     """Tiny shapes on the CPU: every length gets rows, RoPE is the reference, CUDA-only paths and
     bias encodings past their length say why they did not run, and the CLI writes after each length."""
     from pipelines.attention_sweep import main as sweep_main
@@ -338,6 +338,7 @@ def test_the_sweep_times_each_length_both_passes_and_says_what_did_not_run(tmp_p
         assert row["tape_flex"]["not_run"] == "not run: no GPU" and "forward" not in row["tape_flex"]
     assert "forward" in rows[16]["fire"] and rows[32]["fire"]["not_run"].startswith("not run: a materialised")
     md = (tmp_path / "sweep.md").read_text()
+    assert md.strip() in capsys.readouterr().out  # the log keeps the tables too
     assert "| tape_flex | not run: no GPU | not run: no GPU |" in md and "## Forward and backward" in md
     assert "| fastest TAPE path | two_calls | two_calls | |" in md  # the only TAPE path that ran
     assert_tables_well_formed(md)
