@@ -59,12 +59,15 @@ wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B
 	find runs -type d -name 'offline-run-*' -print0 | xargs -0 -r $(BIN)/wandb sync
 .PHONY: reproduce-table report wandb-sync
 
-gpu-check:  ## Prove the CUDA path on one GPU (encodings, kernel, model, smoke presets, FSDP, resume, throughput, benchmark): results/gpu-check/<time>/; then make gpu-page
+gpu-check:  ## Prove the CUDA path on one GPU in about 8 minutes (encodings, kernel, model, smoke presets, FSDP, compile, resume, throughput, benchmark): results/gpu-check/<time>/; then make gpu-page
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check
+
+gpu-measure:  ## The longer GPU measurements (step profiles, attention sweep, autotuning, timed presets, every encoding's benchmark)
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check --suite measure
 
 gpu-page:  ## Render results/gpu.md from every results/gpu-check/ window (refused unless each ran on a GPU)
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check --render results/gpu.md
-.PHONY: gpu-check gpu-page
+.PHONY: gpu-check gpu-measure gpu-page
 
 # wheelhouse: wheels for a GPU node without network (Python $(PY)); install there with
 #   pip install --no-index --find-links .whl hydra-core omegaconf   (WITH="wandb==0.31.0 ..." for more)

@@ -2,32 +2,34 @@
 
 Runs, each step in its own process with a time limit, and records verdicts, times and logs in
 ``results/gpu-check/<time>/`` (summary.json, summary.md, one log per step; committed, never
-overwritten), the training runs in ``runs/gpu-check/<time>/runs``:
+overwritten), the training runs in ``runs/gpu-check/<time>/runs``. Steps that time nothing run
+``--jobs`` at a time (each its own process on the one GPU); timed steps run alone, after them.
 
+``--suite core`` (the default, ``make gpu-check``; sized for 8 minutes on one H100), the proof:
 1. every encoding's bf16 training step, cached generation and ``add_tape`` on CUDA
    (``pytest -m cuda tests/test_cuda_paths.py``);
 2. the compiled Triton kernel and the sync-free training step (the other ``pytest -m cuda`` tests);
 3. the TAPE model at the paper's 155M shape, N = 1024, bf16 autocast: Triton kernel vs SDPA vs
    float64 logits and gradients (``python -m pipelines.gpu_check model``);
-   then where its training step's time goes: wall time against the device's busy time, kernels per
-   step and the costliest kernels, TAPE beside RoPE at batch 4 and 16 (``python -m tape.bench.step_profile``),
-   and the same with every model compiled (``--compile``: launches out of the way);
-4. ``pipelines.train`` on CUDA: every experiment's smoke preset with bf16-mixed, and FSDP on one
-   GPU with gradient clipping on;
+4. ``pipelines.train`` on CUDA: every experiment's smoke preset with bf16-mixed, FSDP on one GPU
+   with gradient clipping on, and addition/smoke through ``torch.compile`` (``compile=true``);
 5. addition/smoke interrupted, resumed with ``ckpt_path=last`` and evaluated with
    ``pipelines.evaluate device=cuda``, each by its command line (``python -m pipelines.gpu_check resume``);
-6. TAPE at Llama-2-7B's layer shape (head dim 128), N = 4096: bf16 autocast training step with
-   the default backend against SDPA, and an fp32 forward (context extension's frozen dtype)
+6. (timed) TAPE at Llama-2-7B's layer shape (head dim 128), N = 4096: bf16 autocast training step
+   with the default backend against SDPA, and an fp32 forward (context extension's frozen dtype)
    through the kernel, with times and peak memory (``python -m pipelines.gpu_check llama7b``);
-7. throughput dry runs of every paper preset on random weights: step time, tokens/s, peak memory,
-   projected hours (``python -m pipelines.gpu_check throughput``; pipelines/throughput.py);
-8. 50 steps of each GPU claim preset (``experiment=<claim>/gpu``) and of the addressing tasks'
-   GPU presets (parity, MQAR, selective copy, counting), timed, so the GPU
-   profile's minutes can replace their estimates;
-9. the efficiency benchmark at the paper's shape (``pipelines.benchmark device=cuda scale=paper``);
-10. the attention operator by length, N = 1k to 16k, forward and forward+backward, TAPE's
-    one-QKᵀ paths (Triton, FlexAttention) beside RoPE, FIRE and T5, with TFLOP/s
-    (``python -m pipelines.attention_sweep``, tape/bench/sweep.py; sweep.{md,json} in the record).
+7. (timed) throughput dry runs of every paper preset on random weights: step time, tokens/s, peak
+   memory, projected hours (``python -m pipelines.gpu_check throughput``; pipelines/throughput.py);
+8. (timed) the efficiency benchmark at the paper's shape for paper Table 4's columns, TAPE (every
+   way of computing A·V and A·E), RoPE, FIRE, T5 (``pipelines.benchmark device=cuda scale=paper``).
+
+``--suite measure`` (``make gpu-measure``), every step timed: where a training step's time goes
+(``python -m tape.bench.step_profile``: device busy time against wall time, kernels per step, the
+costliest kernels, TAPE beside RoPE at batch 4 and 16; then with ``--compile``); the attention
+operator by length, N = 1k to 16k, forward and forward+backward, with TFLOP/s
+(``python -m pipelines.attention_sweep``; sweep.{md,json} in the record); the kernel's autotuning;
+50 timed steps of each GPU claim preset and of the addressing tasks' GPU presets (their minutes
+replace the estimates); the benchmark of every encoding. ``--suite all`` runs both.
 
 ``--only WORD[,WORD...]`` runs the steps whose name contains a WORD and ``--budget SECONDS``
 stops starting steps after SECONDS (a short GPU window runs a few at a time; the summary is
@@ -42,14 +44,16 @@ that did not run on a GPU: nothing GPU-shaped is ever written from a CPU run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pipelines.gpu_targets import window_targets
 
@@ -58,15 +62,25 @@ GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu", "parity/gpu", "mqar/gpu", "sel
 TIMED_STEPS = 50
 GPU = ("trainer=gpu", "logger=csv")
 PATHS_TESTS = "tests/test_cuda_paths.py"
+CORE_BENCHMARK_PES = ("tape", "rope", "fire", "t5")  # paper Table 4's columns; gpu-measure runs them all
+
+
+SUITES = ("core", "measure", "all")
+JOBS = 4
+"""Untimed steps that run side by side on the GPU (each its own process; 16 cores on the H100 node)."""
 
 
 @dataclass(frozen=True)
 class Check:
-    """One step: a command and its time limit (seconds)."""
+    """One step: a command, its time limit (seconds), whether it times anything (timed steps run
+    alone on the GPU; the others run ``--jobs`` at a time) and its suite: ``core`` is the proof
+    (``make gpu-check``, at most 8 minutes), ``measure`` the longer measurements (``make gpu-measure``)."""
 
     name: str
     argv: tuple[str, ...]
     limit_s: int
+    timed: bool = False
+    suite: str = "core"
 
 
 @dataclass
@@ -80,51 +94,61 @@ class Outcome:
     tail: list[str] = field(default_factory=list)
 
 
-def checks(runs_dir: Path, record_dir: Path | None = None) -> list[Check]:
-    """Every step, in the order it runs (the cheapest proofs first); the benchmark writes its
-    tables (efficiency.md and .json, small) into ``record_dir``, the window's record, when given."""
+def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -> list[Check]:
+    """The steps of ``suite`` in the order they start: untimed proofs first (side by side), then
+    the timed steps one at a time. The benchmarks write their tables (small) into ``record_dir``,
+    the window's record, when given."""
     py = (sys.executable,)
-    out = [Check("every encoding, cached decoding, add_tape on CUDA (pytest -m cuda tests/test_cuda_paths.py)",
-                 (*py, "-m", "pytest", "-q", "-m", "cuda", PATHS_TESTS), 180),
-           Check("kernel and training step (pytest -m cuda)",
-                 (*py, "-m", "pytest", "-q", "-m", "cuda", "tests", f"--ignore={PATHS_TESTS}"), 240),
-           Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120),
-           Check("where a 155M training step's time goes, TAPE vs RoPE, batch 4 and 16 (profiler)",
-                 (*py, "-m", "tape.bench.step_profile"), 180),
-           Check("a 155M step compiled (torch.compile), RoPE vs TAPE, batch 4 (profiler)",
-                 (*py, "-m", "tape.bench.step_profile", "--compile", "--batches", "4"), 420)]
-    for exp in SMOKE_EXPERIMENTS:
-        out.append(Check(f"train {exp}/smoke, bf16-mixed", (*py, "-m", "pipelines.train", f"experiment={exp}/smoke",
-                                                           *GPU, f"paths.runs_dir={runs_dir}"), 180))
-    out.append(Check("train addition/smoke, FSDP on one GPU, clipping on",
-                     (*py, "-m", "pipelines.train", "experiment=addition/smoke", "trainer=fsdp",
-                      "trainer.devices=1", "logger=csv", "trainer.gradient_clip_val=0.5", f"paths.runs_dir={runs_dir}"), 180))
-    out.append(Check("train addition/smoke through torch.compile (compile=true), bf16-mixed",
-                     (*py, "-m", "pipelines.train", "experiment=addition/smoke", "compile=true", *GPU,
-                      f"paths.runs_dir={runs_dir}"), 300))
-    out.append(Check("train, interrupt, resume, evaluate addition/smoke on CUDA",
-                     (*py, "-m", "pipelines.gpu_check", "resume", "--runs", str(runs_dir / "resume")), 240))
-    out.append(Check("TAPE at Llama-2-7B layer shape, N=4096", (*py, "-m", "pipelines.gpu_check", "llama7b"), 240))
-    out.append(Check("throughput of the paper presets, random weights",
-                     (*py, "-m", "pipelines.gpu_check", "throughput"), 480))
-    for preset in GPU_PRESETS:
-        out.append(Check(f"time {TIMED_STEPS} steps of {preset}", (
-            *py, "-m", "pipelines.train", f"experiment={preset}", "logger=csv", f"trainer.max_steps={TIMED_STEPS}",
-            f"trainer.val_check_interval={TIMED_STEPS}", f"paths.runs_dir={runs_dir}"), 300))
-    out.append(Check("autotune the kernel's launch configs (bf16, head dims 64 and 128)",
-                     (*py, "-m", "tape.kernels.autotune", "--dtypes", "bfloat16", "--head-dims", "64,128"), 300))
+    workers = ("-n", "4") if importlib.util.find_spec("xdist") else ()  # pytest-xdist: compiles in parallel
+    pytest_cuda = (*py, "-m", "pytest", "-q", "-m", "cuda", *workers, "--durations=10")
     tables = record_dir or runs_dir  # the benchmarks' small tables travel with the window's record
-    out.append(Check("benchmark at the paper's shape", (*py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
-                                                        f"output_dir={tables / 'benchmark'}"), 420))
-    out.append(Check("attention operator by length, N = 1k-16k, forward and backward",
-                     (*py, "-m", "pipelines.attention_sweep", "--device", "cuda", "--out", str(tables / "sweep")), 360))
-    return out
+    core = [Check("every encoding, cached decoding, add_tape on CUDA (pytest -m cuda tests/test_cuda_paths.py)",
+                  (*pytest_cuda, PATHS_TESTS), 180),
+            Check("kernel and training step (pytest -m cuda)", (*pytest_cuda, "tests", f"--ignore={PATHS_TESTS}"), 240),
+            Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120)]
+    for exp in SMOKE_EXPERIMENTS:
+        core.append(Check(f"train {exp}/smoke, bf16-mixed", (*py, "-m", "pipelines.train", f"experiment={exp}/smoke",
+                                                            *GPU, f"paths.runs_dir={runs_dir}"), 180))
+    core += [
+        Check("train addition/smoke, FSDP on one GPU, clipping on",
+              (*py, "-m", "pipelines.train", "experiment=addition/smoke", "trainer=fsdp", "trainer.devices=1",
+               "logger=csv", "trainer.gradient_clip_val=0.5", f"paths.runs_dir={runs_dir / 'fsdp'}"), 180),
+        Check("train addition/smoke through torch.compile (compile=true), bf16-mixed",
+              (*py, "-m", "pipelines.train", "experiment=addition/smoke", "compile=true", *GPU,
+               f"paths.runs_dir={runs_dir / 'compiled'}"), 300),
+        Check("train, interrupt, resume, evaluate addition/smoke on CUDA",
+              (*py, "-m", "pipelines.gpu_check", "resume", "--runs", str(runs_dir / "resume")), 240),
+        Check("TAPE at Llama-2-7B layer shape, N=4096", (*py, "-m", "pipelines.gpu_check", "llama7b"), 240, timed=True),
+        Check("throughput of the paper presets, random weights",
+              (*py, "-m", "pipelines.gpu_check", "throughput"), 480, timed=True),
+        Check("benchmark at the paper's shape", (*py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
+                                                 f"pes=[{','.join(CORE_BENCHMARK_PES)}]",
+                                                 f"output_dir={tables / 'benchmark'}"), 420, timed=True),
+    ]
+    measure = [
+        Check("where a 155M training step's time goes, TAPE vs RoPE, batch 4 and 16 (profiler)",
+              (*py, "-m", "tape.bench.step_profile"), 180),
+        Check("a 155M step compiled (torch.compile), RoPE vs TAPE, batch 4 (profiler)",
+              (*py, "-m", "tape.bench.step_profile", "--compile", "--batches", "4"), 420),
+        Check("attention operator by length, N = 1k-16k, forward and backward",
+              (*py, "-m", "pipelines.attention_sweep", "--device", "cuda", "--out", str(tables / "sweep")), 360),
+        Check("autotune the kernel's launch configs (bf16, head dims 64 and 128)",
+              (*py, "-m", "tape.kernels.autotune", "--dtypes", "bfloat16", "--head-dims", "64,128"), 300),
+        *(Check(f"time {TIMED_STEPS} steps of {preset}", (
+            *py, "-m", "pipelines.train", f"experiment={preset}", "logger=csv", f"trainer.max_steps={TIMED_STEPS}",
+            f"trainer.val_check_interval={TIMED_STEPS}", f"paths.runs_dir={runs_dir}"), 300) for preset in GPU_PRESETS),
+        Check("benchmark of every encoding at the paper's shape", (
+            *py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
+            f"output_dir={tables / 'benchmark-all'}"), 480),
+    ]
+    measure = [Check(c.name, c.argv, c.limit_s, timed=True, suite="measure") for c in measure]
+    chosen = {"core": core, "measure": measure, "all": core + measure}[suite]
+    return sorted(chosen, key=lambda c: c.timed)  # stable: the untimed proofs first, in their order
 
 
-def run_check(check: Check, log_dir: Path, limit_s: float | None = None) -> Outcome:
-    """Run one step, its output to ``<log_dir>/<n>.log``; a step past its limit (the check's
-    own, or ``limit_s`` when that is shorter) fails."""
-    log = log_dir / f"{len(list(log_dir.glob('*.log'))):02d}.log"
+def run_check(check: Check, log: Path, limit_s: float | None = None) -> Outcome:
+    """Run one step, its output to ``log``; a step past its limit (the check's own, or
+    ``limit_s`` when that is shorter) fails."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
         try:
@@ -135,6 +159,41 @@ def run_check(check: Check, log_dir: Path, limit_s: float | None = None) -> Outc
     lines = log.read_text(errors="replace").splitlines()
     return Outcome(check.name, shlex.join(check.argv), code == 0, time.perf_counter() - t0, code,
                    log.name, lines[-12:])
+
+
+def run_steps(steps: Sequence[Check], out_dir: Path, budget_s: float | None = None, jobs: int = JOBS,
+              on_done: Callable[[list[Outcome]], None] = lambda done: None) -> list[Outcome]:
+    """Run ``steps``: each run of consecutive untimed steps ``jobs`` at a time, each timed step
+    alone. Step i logs to ``<out_dir>/<i>.log``; no step starts once ``budget_s`` is spent (less
+    than 10 s left) and a running one is cut there. ``on_done`` gets the outcomes so far, in step
+    order, after each step ends. Returns them."""
+    t0, done = time.perf_counter(), {}
+
+    def attempt(i: int) -> Outcome | None:
+        left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
+        if left is not None and left < 10:
+            print(f"skip {steps[i].name} (--budget {budget_s:.0f} s spent)", flush=True)
+            return None
+        return run_check(steps[i], out_dir / f"{i:02d}.log", left)
+
+    def finished(i: int, outcome: Outcome | None) -> None:
+        if outcome is None:
+            return
+        done[i] = outcome
+        print(f"{'pass' if outcome.passed else 'FAIL'} {outcome.name} ({outcome.wall_s:.0f} s)", flush=True)
+        on_done([done[k] for k in sorted(done)])
+
+    i = 0
+    while i < len(steps):
+        group = [i]
+        while not steps[i].timed and group[-1] + 1 < len(steps) and not steps[group[-1] + 1].timed:
+            group.append(group[-1] + 1)
+        with ThreadPoolExecutor(max_workers=1 if steps[i].timed else jobs) as pool:
+            futures = {pool.submit(attempt, k): k for k in group}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+        i = group[-1] + 1
+    return [done[k] for k in sorted(done)]
 
 
 PAPER_155M = dict(vocab_size=32000, n_layers=12, d_model=768, n_heads=12)
@@ -399,6 +458,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("step", nargs="?", choices=["model", "llama7b", "resume", "throughput"],
                    help="run one in-process step (used by the checks; resume's runs go to --runs)")
     p.add_argument("--only", metavar="WORD", help="run only the checks whose name contains WORD (or any of WORD,WORD,...)")
+    p.add_argument("--suite", choices=SUITES, default=None,
+                   help="core (the default): the proof, sized for 8 minutes (make gpu-check); measure: profiles, "
+                        "the sweep, autotuning, timed presets, every encoding's benchmark (make gpu-measure); "
+                        "all: both (the default with --only)")
+    p.add_argument("--jobs", type=int, default=JOBS, help="untimed steps run side by side (default %(default)s)")
     p.add_argument("--runs", type=Path, default=Path("runs"))
     p.add_argument("--dry-run", action="store_true", help="list the checks; run nothing")
     p.add_argument("--budget", type=float, metavar="SECONDS",
@@ -431,13 +495,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = args.records / stamp
     words = None if args.only is None else [w.strip().lower() for w in args.only.split(",") if w.strip()]
-    steps = [c for c in checks(args.runs / "gpu-check" / stamp / "runs", out_dir)
+    suite = args.suite or ("core" if words is None else "all")
+    steps = [c for c in checks(args.runs / "gpu-check" / stamp / "runs", out_dir, suite)
              if words is None or any(w in c.name.lower() for w in words)]
     if not steps:
         p.error(f"--only {args.only!r} matches no check; --dry-run lists them")
     if args.dry_run:
         for check in steps:
-            print(f"[{check.limit_s:>3} s] {check.name}: {shlex.join(check.argv)}")
+            how = "alone" if check.timed else "side by side"
+            print(f"[{check.suite}, {how}, at most {check.limit_s} s] {check.name}: {shlex.join(check.argv)}")
         return 0
     import torch
 
@@ -446,17 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     out_dir.mkdir(parents=True)
-    env, outcomes, t0 = environment(), [], time.perf_counter()
+    env = environment()
     if args.commit:
         env["commit"] = f"{args.commit} (git there: {env['commit']})"
-    for check in steps:
-        left = None if args.budget is None else args.budget - (time.perf_counter() - t0)
-        if left is not None and left < 10:
-            print(f"skip {check.name} (--budget {args.budget:.0f} s spent)", flush=True)
-            continue
-        outcomes.append(run_check(check, out_dir, left))
-        print(f"{'pass' if outcomes[-1].passed else 'FAIL'} {check.name} ({outcomes[-1].wall_s:.0f} s)", flush=True)
-        write_summary(out_dir, env, outcomes)  # after every step: a cut-off window keeps what ran
+    outcomes = run_steps(steps, out_dir, args.budget, args.jobs, on_done=lambda done: write_summary(out_dir, env, done))
     print(f"summary: {out_dir / 'summary.md'}")
     return 0 if outcomes and all(o.passed for o in outcomes) and len(outcomes) == len(steps) else 1
 

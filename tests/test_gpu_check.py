@@ -4,6 +4,7 @@ page that is only ever written from a run on a GPU (the summaries below are test
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,13 @@ from pipelines import gpu_check
 
 
 def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
-    assert gpu_check.main(["--dry-run"]) == 0
+    assert gpu_check.main(["--dry-run", "--suite", "all"]) == 0
     out = capsys.readouterr().out
-    assert "pytest -q -m cuda tests" in out and "pipelines.gpu_check model" in out
+    assert "pytest -q -m cuda" in out and "pipelines.gpu_check model" in out
     for exp in gpu_check.SMOKE_EXPERIMENTS:
         assert f"experiment={exp}/smoke trainer=gpu logger=csv" in out
     assert "trainer=fsdp trainer.devices=1" in out and "gradient_clip_val=0.5" in out
+    assert "experiment=addition/smoke compile=true trainer=gpu" in out
     assert "pipelines.benchmark device=cuda scale=paper" in out and "pipelines.gpu_check llama7b" in out
     assert "tape.kernels.autotune --dtypes bfloat16 --head-dims 64,128" in out
     for preset in gpu_check.GPU_PRESETS:
@@ -25,13 +27,59 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
     assert "pipelines.gpu_check resume --runs" in out and "pipelines.gpu_check throughput" in out
     assert "tape.bench.step_profile" in out
     lines = out.splitlines()  # the cheapest proofs first; the kernel tests are not run twice
-    assert "pytest -q -m cuda tests/test_cuda_paths.py" in lines[0]
+    assert "tests/test_cuda_paths.py" in lines[0] and "--ignore" not in lines[0]
     assert "--ignore=tests/test_cuda_paths.py" in lines[1]
     # the benchmark's tables land in the window's record, which comes back with its summary
     bench = next(line for line in lines if "pipelines.benchmark" in line)
     assert "output_dir=results/gpu-check/" in bench and bench.rstrip().endswith("/benchmark")
     by_length = next(line for line in lines if "pipelines.attention_sweep" in line)
     assert "--device cuda --out results/gpu-check/" in by_length and by_length.rstrip().endswith("/sweep")
+
+
+def test_the_core_suite_is_the_proof_and_times_alone_after_the_proofs(tmp_path: Path) -> None:
+    """make gpu-check: every proof the issue asks for, the untimed ones first (side by side), then
+    the timed ones; the profiles, sweep, autotuning and timed presets are gpu-measure's."""
+    core = gpu_check.checks(tmp_path, suite="core")
+    names = " | ".join(c.name for c in core)
+    for word in ("pytest -m cuda", "Triton vs SDPA", "FSDP", "torch.compile", "resume", "Llama-2-7B",
+                 "throughput", "benchmark at the paper's shape"):
+        assert word in names
+    assert not any(w in names for w in ("profiler", "by length", "autotune", "time 50 steps"))
+    timed = [c.timed for c in core]
+    assert timed == sorted(timed) and timed.count(True) == 3  # llama7b, throughput, benchmark
+    bench = next(c for c in core if "benchmark" in c.name)
+    assert "pes=[tape,rope,fire,t5]" in bench.argv  # paper Table 4's columns
+    measure = gpu_check.checks(tmp_path, suite="measure")
+    assert all(c.timed and c.suite == "measure" for c in measure)
+    assert {c.name for c in gpu_check.checks(tmp_path)} == {c.name for c in core + measure}
+
+
+def _sleeper(name: str, timed: bool, seconds: float, ok: bool = True) -> gpu_check.Check:
+    """A step that prints its start and end times (perf_counter is per process: use time.time)."""
+    code = (f"import time; a = time.time(); time.sleep({seconds}); print(a, time.time()); "
+            f"raise SystemExit({0 if ok else 1})")
+    return gpu_check.Check(name, (sys.executable, "-c", code), 30, timed=timed)
+
+
+def test_untimed_steps_run_side_by_side_and_timed_steps_alone(tmp_path: Path) -> None:
+    steps = [_sleeper("a", False, 1.0), _sleeper("b", False, 1.0, ok=False), _sleeper("c", False, 1.0),
+             _sleeper("t1", True, 0.5), _sleeper("t2", True, 0.5)]
+    seen: list[list[str]] = []
+    outcomes = gpu_check.run_steps(steps, tmp_path, jobs=3, on_done=lambda done: seen.append([o.name for o in done]))
+    assert [o.name for o in outcomes] == ["a", "b", "c", "t1", "t2"]  # step order, whatever the finish order
+    assert [o.passed for o in outcomes] == [True, False, True, True, True]
+    assert [o.log for o in outcomes] == ["00.log", "01.log", "02.log", "03.log", "04.log"]
+    spans = {o.name: [float(x) for x in (tmp_path / o.log).read_text().split()] for o in outcomes}
+    assert max(spans[n][0] for n in "abc") < min(spans[n][1] for n in "abc")  # all three overlapped
+    assert spans["t1"][0] >= max(spans[n][1] for n in "abc")  # a timed step waits for the others
+    assert spans["t2"][0] >= spans["t1"][1]  # and runs alone
+    assert len(seen) == 5 and seen[-1] == ["a", "b", "c", "t1", "t2"]  # the summary after every step
+
+
+def test_the_budget_stops_starting_steps(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    steps = [_sleeper("a", True, 0.1), _sleeper("b", True, 0.1)]
+    outcomes = gpu_check.run_steps(steps, tmp_path, budget_s=5)  # under 10 s left: nothing starts
+    assert outcomes == [] and capsys.readouterr().out.count("skip ") == 2
 
 
 def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -129,6 +177,8 @@ def test_only_picks_checks_by_name(capsys: pytest.CaptureFixture) -> None:
     assert gpu_check.main(["--dry-run", "--only", "llama-2-7b"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "pipelines.gpu_check llama7b" in lines[0]
+    assert gpu_check.main(["--dry-run", "--only", "by length,profiler"]) == 0  # --only looks in every suite
+    assert len(capsys.readouterr().out.strip().splitlines()) == 3
     with pytest.raises(SystemExit):
         gpu_check.main(["--dry-run", "--only", "no such check"])
 
