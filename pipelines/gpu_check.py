@@ -384,7 +384,7 @@ def _window(summary: dict) -> str:
         f"## Window {window.name}", "",
         f"`{summary['dir']}`: commit {env['commit']} on {env['device']} (driver {env['driver']}; "
         f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}). "
-        f"{passed} of {len(summary['outcomes'])} steps passed.", "",
+        f"{passed} of {len(summary['outcomes'])} steps passed{_plan_note(summary)}.", "",
         "| check | verdict | wall time | log |", "|---|---|---|---|", *_outcome_rows(summary), "",
         *(["Numbers printed by the in-process steps:", "", *numbers, ""] if numbers else []),
         *([f"The efficiency benchmark's tables (paper Table 4's shape): `{tables}`.", ""] if tables.is_file() else []),
@@ -393,9 +393,36 @@ def _window(summary: dict) -> str:
     ])
 
 
+def _plan_note(summary: dict) -> str:
+    """What the window meant to run (summaries before the suites did not record it)."""
+    if "suite" not in summary:
+        return ""
+    scope = f"suite {summary['suite']}" + (f", --only {summary['only']}" if summary.get("only") else "")
+    return f" ({scope}: {len(summary['planned'])} steps planned)"
+
+
 def summary_md(summary: dict) -> str:
     """One window's page (summary.md beside its logs)."""
     return f"# gpu-check {Path(summary['dir']).name}\n\n" + _window(summary)
+
+
+def complete_core_run(summary: dict) -> bool:
+    """This window ran ``make gpu-check`` whole (the core suite, no --only, every step) and every
+    step passed."""
+    planned, outcomes = summary.get("planned"), summary["outcomes"]
+    return (summary.get("suite") == "core" and summary.get("only") is None and bool(planned)
+            and [o["name"] for o in outcomes] == planned and all(o["passed"] for o in outcomes))
+
+
+def _whole_proof(summaries: list[dict]) -> str:
+    """Which windows ran make gpu-check whole with every step passing (what issue 21 asks for)."""
+    whole = [s for s in summaries if complete_core_run(s)]
+    if not whole:
+        return ("No window has yet run `make gpu-check` whole (the core suite, every step) with every step "
+                "passing; the verdicts below come from windows that ran parts of it.")
+    names = ", ".join(f"{Path(s['dir']).name} ({s['environment']['device']}, commit {s['environment']['commit']})"
+                      for s in sorted(whole, key=lambda x: Path(x["dir"]).name))
+    return f"`make gpu-check` ran whole with every step passing in: {names}."
 
 
 def page_md(summaries: list[dict]) -> str:
@@ -411,6 +438,7 @@ def page_md(summaries: list[dict]) -> str:
         "Rendered by `make gpu-page` (`python -m pipelines.gpu_check --render results/gpu.md`) from the "
         "summaries of `make gpu-check` under `results/gpu-check/`, each from a run on a GPU. "
         "Never typed by hand.", "",
+        "## The whole proof in one run", "", _whole_proof(summaries), "",
         "## Newest verdict of each check", "",
         "| check | verdict | window | commit |", "|---|---|---|---|", *rows, "",
         *[_window(s) for s in sorted(summaries, key=lambda x: Path(x["dir"]).name, reverse=True)],
@@ -515,14 +543,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment()
     if args.commit:
         env["commit"] = f"{args.commit} (git there: {env['commit']})"
-    outcomes = run_steps(steps, out_dir, args.budget, args.jobs, on_done=lambda done: write_summary(out_dir, env, done))
+    plan = {"suite": suite, "only": args.only, "planned": [c.name for c in steps]}
+    outcomes = run_steps(steps, out_dir, args.budget, args.jobs,
+                         on_done=lambda done: write_summary(out_dir, env, done, plan))
     print(f"summary: {out_dir / 'summary.md'}")
     return 0 if outcomes and all(o.passed for o in outcomes) and len(outcomes) == len(steps) else 1
 
 
-def write_summary(out_dir: Path, env: dict[str, str], outcomes: list[Outcome]) -> None:
-    """summary.json and summary.md of the steps run so far."""
-    summary = {"dir": str(out_dir), "environment": env, "outcomes": [asdict(o) for o in outcomes]}
+def write_summary(out_dir: Path, env: dict[str, str], outcomes: list[Outcome], plan: dict | None = None) -> None:
+    """summary.json and summary.md of the steps run so far (``plan``: the suite, --only and the
+    steps it meant to run)."""
+    summary = {"dir": str(out_dir), "environment": env, **(plan or {}), "outcomes": [asdict(o) for o in outcomes]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "summary.md").write_text(summary_md(summary))
 

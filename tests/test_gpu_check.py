@@ -151,6 +151,28 @@ def test_the_page_shows_each_checks_newest_verdict(tmp_path: Path) -> None:
     assert text.index("## Window 20261126-010000") < text.index("## Window 20261126-000000")
 
 
+def test_the_page_says_whether_make_gpu_check_ran_whole_and_passed(tmp_path: Path) -> None:
+    """Parts of the proof spread over windows are not the proof: the page names only a window that
+    ran the whole core suite with every step passing."""
+    records = tmp_path / "records"
+    summary(records, gpu=True, fsdp_passed=True)  # before the suites: no plan recorded
+    partial = summary(records, gpu=True, stamp="20261126-010000", fsdp_passed=True) / "summary.json"
+    data = json.loads(partial.read_text())
+    partial.write_text(json.dumps({**data, "suite": "core", "only": None, "planned": ["kernel", "fsdp", "throughput"]}))
+    assert not gpu_check.complete_core_run(json.loads(partial.read_text()))  # throughput never ran
+    gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
+    text = (tmp_path / "gpu.md").read_text()
+    assert "No window has yet run `make gpu-check` whole" in text and "(suite core: 3 steps planned)" in text
+    whole = summary(records, gpu=True, stamp="20261126-020000", fsdp_passed=True) / "summary.json"
+    whole.write_text(json.dumps({**json.loads(whole.read_text()), "suite": "core", "only": None,
+                                 "planned": ["kernel", "fsdp"]}))
+    gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
+    text = (tmp_path / "gpu.md").read_text()
+    assert "ran whole with every step passing in: 20261126-020000 (NVIDIA H100 80GB HBM3" in text
+    only = {**json.loads(whole.read_text()), "only": "kernel,fsdp"}
+    assert not gpu_check.complete_core_run(only)  # --only is never the whole proof
+
+
 def test_the_page_needs_a_summary(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="make gpu-check on a GPU"):
         gpu_check.main(["--records", str(tmp_path), "--render", str(tmp_path / "gpu.md")])
