@@ -326,20 +326,21 @@ def test_flex_backend_matches_float64_forward_and_backward_on_cuda(case, dtype):
 
 
 @pytest.mark.skipif(not attention.flex_available(), reason="needs torch >= 2.5 (FlexAttention)")
-def test_compiled_flex_outlasts_dynamos_default_recompile_limit(monkeypatch):
+def test_compiled_flex_outlasts_dynamos_default_recompile_limit():
     """At dynamo's default of 8, a ninth (shape, grad mode) silently ran the unfused reference."""
     import torch._dynamo.config as dynamo_config
 
     from tape.model import flex
 
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
     flex._flex_fn.cache_clear()
-    try:
+    before = dynamo_config.recompile_limit
+    # config.patch, not monkeypatch: monkeypatch's undo deletes a config module's key for good
+    with dynamo_config.patch(recompile_limit=8):
         assert flex._flex_fn("cpu") is not None and dynamo_config.recompile_limit == 8  # nothing compiled on CPU
         flex._flex_fn("cuda")  # builds the compiled wrapper; compiles nothing until called
         assert dynamo_config.recompile_limit >= flex.FLEX_RECOMPILE_LIMIT >= 2 * 16  # 16 shapes, grad on and off
-    finally:
-        flex._flex_fn.cache_clear()
+    flex._flex_fn.cache_clear()
+    assert dynamo_config.recompile_limit == before  # restored: later compiles in this process still work
 
 
 def test_under_torch_compile_auto_leaves_the_triton_kernel_for_traceable_paths(monkeypatch):
