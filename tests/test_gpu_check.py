@@ -19,7 +19,7 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
     for exp in gpu_check.SMOKE_EXPERIMENTS:
         assert f"experiment={exp}/smoke trainer=gpu logger=csv" in out
     assert "trainer=fsdp trainer.devices=1" in out and "gradient_clip_val=0.5" in out
-    assert "experiment=addition/smoke compile=true trainer=gpu" in out
+    assert "experiment=addition/smoke pe=tape compile=true trainer=gpu" in out
     assert "pipelines.benchmark device=cuda scale=paper" in out and "pipelines.gpu_check llama7b" in out
     assert "tape.kernels.autotune --dtypes bfloat16 --head-dims 64,128" in out
     for preset in gpu_check.GPU_PRESETS:
