@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -146,13 +147,15 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
     return sorted(chosen, key=lambda c: c.timed)  # stable: the untimed proofs first, in their order
 
 
-def run_check(check: Check, log: Path, limit_s: float | None = None) -> Outcome:
+def run_check(check: Check, log: Path, limit_s: float | None = None, threads: int | None = None) -> Outcome:
     """Run one step, its output to ``log``; a step past its limit (the check's own, or
-    ``limit_s`` when that is shorter) fails."""
+    ``limit_s`` when that is shorter) fails. ``threads`` caps its CPU threads (OMP_NUM_THREADS)
+    when it shares the machine with other steps."""
+    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
     t0 = time.perf_counter()
     with open(log, "w") as f:
         try:
-            code: int | None = subprocess.run(check.argv, stdout=f, stderr=subprocess.STDOUT,
+            code: int | None = subprocess.run(check.argv, stdout=f, stderr=subprocess.STDOUT, env=env,
                                               timeout=min(check.limit_s, limit_s or check.limit_s)).returncode
         except subprocess.TimeoutExpired:
             code = None
@@ -174,7 +177,8 @@ def run_steps(steps: Sequence[Check], out_dir: Path, budget_s: float | None = No
         if left is not None and left < 10:
             print(f"skip {steps[i].name} (--budget {budget_s:.0f} s spent)", flush=True)
             return None
-        return run_check(steps[i], out_dir / f"{i:02d}.log", left)
+        shared = None if steps[i].timed else max(1, (os.cpu_count() or 1) // jobs)  # side by side: split the cores
+        return run_check(steps[i], out_dir / f"{i:02d}.log", left, shared)
 
     def finished(i: int, outcome: Outcome | None) -> None:
         if outcome is None:

@@ -4,6 +4,7 @@ page that is only ever written from a run on a GPU (the summaries below are test
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -56,8 +57,8 @@ def test_the_core_suite_is_the_proof_and_times_alone_after_the_proofs(tmp_path: 
 
 def _sleeper(name: str, timed: bool, seconds: float, ok: bool = True) -> gpu_check.Check:
     """A step that prints its start and end times (perf_counter is per process: use time.time)."""
-    code = (f"import time; a = time.time(); time.sleep({seconds}); print(a, time.time()); "
-            f"raise SystemExit({0 if ok else 1})")
+    code = (f"import os, time; a = time.time(); time.sleep({seconds}); "
+            f"print(a, time.time(), os.environ.get('OMP_NUM_THREADS', 'unset')); raise SystemExit({0 if ok else 1})")
     return gpu_check.Check(name, (sys.executable, "-c", code), 30, timed=timed)
 
 
@@ -69,7 +70,10 @@ def test_untimed_steps_run_side_by_side_and_timed_steps_alone(tmp_path: Path) ->
     assert [o.name for o in outcomes] == ["a", "b", "c", "t1", "t2"]  # step order, whatever the finish order
     assert [o.passed for o in outcomes] == [True, False, True, True, True]
     assert [o.log for o in outcomes] == ["00.log", "01.log", "02.log", "03.log", "04.log"]
-    spans = {o.name: [float(x) for x in (tmp_path / o.log).read_text().split()] for o in outcomes}
+    printed = {o.name: (tmp_path / o.log).read_text().split() for o in outcomes}
+    spans = {name: [float(x) for x in words[:2]] for name, words in printed.items()}
+    if "OMP_NUM_THREADS" not in os.environ:  # side by side, the cores are split; alone, untouched
+        assert printed["a"][2] == str(max(1, (os.cpu_count() or 1) // 3)) and printed["t1"][2] == "unset"
     assert max(spans[n][0] for n in "abc") < min(spans[n][1] for n in "abc")  # all three overlapped
     assert spans["t1"][0] >= max(spans[n][1] for n in "abc")  # a timed step waits for the others
     assert spans["t2"][0] >= spans["t1"][1]  # and runs alone
