@@ -13,7 +13,7 @@ from model_helpers import randomize, tiny_config, tiny_model
 from tape.kernels import triton_available
 from tape.model import DecoderLM
 from tape.pe.base import PositionState
-from tape.pe.tape import _TokenMix
+from tape.pe.tape import _UpdateE
 
 FAST = settings(max_examples=12, deadline=None)
 
@@ -247,14 +247,51 @@ def test_cache_keeps_each_layers_e_rows():
     assert cache.layers[-1].extra is None  # the last layer does not aggregate E
 
 
-# ----------------------------------------------------------------------------- the folded token mix
-def test_token_mix_gradients_match_finite_differences():
-    """The custom backward of the folded mix (E, gate, W1, W2 all get gradients), float64."""
+# ----------------------------------------------------------------------------- the folded E update
+@pytest.mark.parametrize("parts", ["both", "attention only", "mix only"])
+def test_e_update_gradients_match_finite_differences(parts):
+    """The custom backward of E' = (I + M)(E + P·AE): E, A·E, P, gate, W1, W2 all get gradients
+    (float64), with either update absent as in the ablations."""
     gen = torch.Generator().manual_seed(3)
-    b, he, n, d, i = 2, 3, 5, 4, 6
-    args = [torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True)
-            for s in ((b, he, n, d), (b, n, i), (i, he), (he, i))]
-    assert torch.autograd.gradcheck(_TokenMix.apply, args)
+    b, he, h, n, d, i = 2, 2, 4, 5, 4, 6
+    e, ae, p, gate, w1, w2 = [torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True)
+                              for s in ((b, he, n, d), (b, h, n, d), (he, h), (b, n, i), (i, he), (he, i))]
+    if parts == "attention only":
+        gate = w1 = w2 = None
+    if parts == "mix only":
+        ae = p = None
+    assert torch.autograd.gradcheck(_UpdateE.apply, (e, ae, p, gate, w1, w2))
+
+
+@FAST
+@given(kv=st.sampled_from([None, 2, 1]), post=st.sampled_from(["mix", "rowsum"]), n=st.integers(1, 9),
+       seed=st.integers(0, 99))
+def test_one_e_update_equals_the_attention_update_then_the_token_mix(kv, post, n, seed):
+    """after_attention then after_mlp equal E1 = E + map(A·E) (the paper's head mix, or the
+    official rowsum), then E1 + W2 diag(g) W1 E1, written out with einsums (tape-spec A.2.3)."""
+    model = tiny_model("tape", dtype=torch.float64, n_kv_heads=kv, seed=seed, tape_post_attn=post)
+    layer, cfg = model.layers[0].pe, model.cfg
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        layer.post_attn.weight.normal_(generator=gen)
+        layer.w1.weight.normal_(generator=gen)
+    e = torch.randn(2, cfg.kv_heads, n, cfg.head_dim, generator=gen, dtype=torch.float64)
+    ae = torch.randn(2, cfg.n_heads, n, cfg.head_dim, generator=gen, dtype=torch.float64)
+    m = torch.randn(2, n, cfg.d_model, generator=gen, dtype=torch.float64)
+    pos = torch.arange(n).expand(2, n)
+    state = layer.after_attention(PositionState(pos, pos, rot=e), ae)
+    assert torch.equal(state.rot, e)  # applied after the MLP, with the token mix
+    out = layer.after_mlp(state, m)
+    w = layer.post_attn.weight
+    if post == "mix":
+        e1 = e + torch.einsum("gh,bhnd->bgnd", w, ae)
+    else:  # head h scaled by sum_e W[h, e], summed over the query heads of each E head
+        scaled = ae * w.sum(-1)[:, None, None]
+        e1 = e + scaled.view(2, cfg.kv_heads, -1, n, cfg.head_dim).sum(2)
+    g = torch.nn.functional.silu(m @ layer.x_proj.weight.T).transpose(1, 2)[..., None]  # (B, I, N, 1)
+    ref = e1 + torch.einsum("hi,bind->bhnd", layer.w2.weight, torch.einsum("ih,bhnd->bind", layer.w1.weight, e1) * g)
+    assert out.pending is None
+    assert torch.allclose(out.rot, ref, atol=1e-12, rtol=1e-12)
 
 
 @FAST

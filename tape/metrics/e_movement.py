@@ -24,27 +24,25 @@ def _rel(delta: Tensor, base: Tensor) -> float:
 
 @contextlib.contextmanager
 def _recording(layers: list[TAPELayer], record: dict[str, list[float]]) -> Iterator[None]:
-    """Wrap each layer's rotate / after_attention / after_mlp on the instance, then restore."""
+    """Wrap each layer's rotate and after_mlp (where TAPE applies both E updates) on the
+    instance, then restore."""
     seen_e: list[Tensor] = []
 
     def wrap(layer: TAPELayer) -> None:
-        rotate, after_attn, after_mlp = layer.rotate, layer.after_attention, layer.after_mlp
+        rotate, after_mlp = layer.rotate, layer.after_mlp
 
         def rotate_(q, k, state):  # noqa: ANN001, ANN202 - same signature as the hook
             seen_e.append(state.rot.detach())
             return rotate(q, k, state)
 
-        def after_attn_(state, extra_out):  # noqa: ANN001, ANN202
-            new = after_attn(state, extra_out)
-            record["attn"].append(_rel(new.rot - state.rot, state.rot))
-            return new
-
         def after_mlp_(state, mlp_out):  # noqa: ANN001, ANN202
+            mid = layer.attention_updated(state)  # E after the attention update, before the mix
             new = after_mlp(state, mlp_out)
-            record["mlp"].append(_rel(new.rot - state.rot, state.rot))
+            record["attn"].append(_rel(mid - state.rot, state.rot))
+            record["mlp"].append(_rel(new.rot - mid, mid))
             return new
 
-        layer.rotate, layer.after_attention, layer.after_mlp = rotate_, after_attn_, after_mlp_
+        layer.rotate, layer.after_mlp = rotate_, after_mlp_
 
     for layer in layers:
         wrap(layer)
@@ -52,7 +50,7 @@ def _recording(layers: list[TAPELayer], record: dict[str, list[float]]) -> Itera
         yield
     finally:
         for layer in layers:  # drop the instance attributes: the class methods show again
-            for name in ("rotate", "after_attention", "after_mlp"):
+            for name in ("rotate", "after_mlp"):
                 layer.__dict__.pop(name, None)
         if seen_e:
             e0 = seen_e[0]

@@ -118,7 +118,7 @@ def attention_forward(
 
 
 class Block(nn.Module):
-    """attention -> x residual -> PE update with A·E -> MLP -> PE update with m -> x residual."""
+    """attention -> x residual -> PE takes A·E -> MLP -> PE update with m (and A·E) -> x residual."""
 
     def __init__(self, cfg: ModelConfig, pe: LayerPE) -> None:
         super().__init__()

@@ -37,6 +37,7 @@ class PositionState:
     key_pos: Tensor  # (B, T) int64 positions of every key (cached + current), T >= N
     rot: Tensor | None = None  # (B, He or 1, N, d): [cos_0..cos_{d/2-1} | sin_0..sin_{d/2-1}]
     q_scale: Tensor | None = None  # (B, 1, N, d/2) xPos scale for queries; keys use 1/q_scale
+    pending: Tensor | None = None  # (B, H, N, d) this layer's A·E, applied with its E update after the MLP (TAPE)
 
     def with_rot(self, rot: Tensor) -> "PositionState":
         return replace(self, rot=rot)
@@ -84,7 +85,8 @@ class LayerPE(nn.Module):
         return None
 
     def after_attention(self, state: PositionState, extra_out: Tensor | None) -> PositionState:
-        """Update the state with A·extra, (B, H, N, de) per query head."""
+        """Take A·extra, (B, H, N, de) per query head, into the state (TAPE keeps it in
+        ``pending`` and applies it with its update in ``after_mlp``)."""
         return state
 
     def after_mlp(self, state: PositionState, mlp_out: Tensor) -> PositionState:

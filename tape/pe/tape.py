@@ -8,7 +8,10 @@ table; every layer
   3. mixes E over heads through a token-gated MLP: E += W2 · diag(SiLU(W_x m)) · W1 · E, where
      m is the layer's MLP output. Per token this is one He x He matrix M_n = W2 diag(g_n) W1
      applied to E (He = E heads): He²·(I + d) multiply-adds per token (forming M_n, applying it)
-     instead of 2·I·He·d, and no (B, I, N, d) intermediates. ``_TokenMix`` forms M_n and recomputes it in backward.
+     instead of 2·I·He·d, and no (B, I, N, d) intermediates.
+Steps 2 and 3 run as one operator after the MLP (nothing reads E in between):
+E' = (I + M_n)(E + P·AE) per token, ``_UpdateE``, which saves no intermediate E and recomputes
+E + P·AE and M_n in backward.
 Every update is real-linear in E with the same coefficients for c and s and never mixes
 frequencies, so multiplying all z_b by a common phase commutes with the layer: the token
 stream is exactly invariant to a global position shift.
@@ -16,14 +19,14 @@ stream is exactly invariant to a global position shift.
 The official code stores cos and sin at full width d with tied halves; we store each pair once
 (tape-spec F.2.7), which halves E's memory and makes A·E exactly as wide as A·V.
 With grouped-query attention E lives per key/value head; query heads rotate with their group's E.
-E stays float32 across layers whatever the activation dtype (tape-spec F.2.2): its updates arrive
-in the activation dtype (A·E) or are computed in float32 (the token mix) and are added in float32.
+E stays float32 across layers whatever the activation dtype (tape-spec F.2.2): A·E arrives in the
+activation dtype; the head map, the token mix and the sums are computed in float32.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -82,35 +85,65 @@ class TAPEOptions(RotaryOptions):
         return problems
 
 
-class _TokenMix(torch.autograd.Function):
-    """delta[b, :, n] = M_bn · E[b, :, n] with M_bn = W2 diag(g_bn) W1 (He x He per token).
+class _UpdateE(torch.autograd.Function):
+    """A layer's whole E update, per token n: E' = (I + M_n)(E + P·AE), M_n = W2 diag(g_n) W1.
 
-    Computed in E's dtype (float32) with autocast off. Saves only E (kept alive by the attention
-    anyway) and the gate; backward recomputes M and E's token-major copy instead of storing them.
+    P (He x H) maps the H query-head aggregates A·E onto the He E heads (None: no attention
+    update); gate g (None: no token mix). Computed in E's dtype (float32) with autocast off.
+    Saves only what other operators keep alive anyway (E, which the rotations save; A·E, the
+    attention's output) and the gate: backward recomputes E + P·AE and M instead of storing them.
     """
 
     @staticmethod
-    def forward(ctx, e: Tensor, gate: Tensor, w1: Tensor, w2: Tensor) -> Tensor:  # noqa: D102
-        # e (B, He, N, d); gate (B, N, I); w1 (I, He); w2 (He, I)
-        ctx.save_for_backward(e, gate, w1, w2)
+    def forward(ctx, e: Tensor, ae: Tensor | None, p: Tensor | None, gate: Tensor | None,  # noqa: D102
+                w1: Tensor | None, w2: Tensor | None) -> Tensor:
+        # e (B, He, N, d); ae (B, H, N, d); p (He, H); gate (B, N, I); w1 (I, He); w2 (He, I)
+        ctx.save_for_backward(e, ae, p, gate, w1, w2)
         with _no_autocast(e):
+            u = e if ae is None else e + _head_map(p.to(e.dtype), ae.to(e.dtype))  # (B, He, N, d)
+            if gate is None:
+                return u
             mix = _mix_matrix(gate.to(e.dtype), w1.to(e.dtype), w2.to(e.dtype))  # (B, N, He, He)
-            return torch.matmul(mix, e.transpose(1, 2)).transpose(1, 2)  # (B, He, N, d)
+            return u + _per_token(mix, u)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # noqa: D102
-        e, gate, w1, w2 = ctx.saved_tensors
+        e, ae, p, gate, w1, w2 = ctx.saved_tensors
+        grad_ae = grad_p = grad_gate = grad_w1 = grad_w2 = None
         with _no_autocast(e):
-            g, w1f, w2f = gate.to(e.dtype), w1.to(e.dtype), w2.to(e.dtype)
-            grad_t, e_t = grad.to(e.dtype).transpose(1, 2), e.transpose(1, 2)  # (B, N, He, d)
-            mix = _mix_matrix(g, w1f, w2f)  # (B, N, He, He), recomputed
-            grad_e = torch.matmul(mix.transpose(-1, -2), grad_t).transpose(1, 2)  # (B, He, N, d)
-            grad_mix = torch.matmul(grad_t, e_t.transpose(-1, -2))  # (B, N, He, He)
-            left = torch.matmul(w2f.t(), grad_mix)  # (B, N, I, He) = W2ᵀ dM
-            grad_gate = (left * w1f).sum(-1)  # (B, N, I)
-            grad_w1 = torch.einsum("bni,bnij->ij", g, left)  # (I, He)
-            grad_w2 = torch.einsum("bnhj,bni,ij->hi", grad_mix, g, w1f)  # (He, I)
-        return grad_e, grad_gate.to(gate.dtype), grad_w1.to(w1.dtype), grad_w2.to(w2.dtype)
+            grad = grad.to(e.dtype)
+            ae_f = None if ae is None else ae.to(e.dtype)  # (B, H, N, d)
+            pf = None if p is None else p.to(e.dtype)
+            grad_u = grad
+            if gate is not None:
+                u = e if ae is None else e + _head_map(pf, ae_f)  # recomputed
+                g, w1f, w2f = gate.to(e.dtype), w1.to(e.dtype), w2.to(e.dtype)
+                mix = _mix_matrix(g, w1f, w2f)  # (B, N, He, He), recomputed
+                grad_t = grad.transpose(1, 2).contiguous()  # (B, N, He, d)
+                grad_u = grad + torch.matmul(mix.transpose(-1, -2), grad_t).transpose(1, 2)
+                grad_mix = torch.matmul(grad_t, u.transpose(1, 2).transpose(-1, -2))  # (B, N, He, He)
+                left = torch.matmul(w2f.t(), grad_mix)  # (B, N, I, He) = W2ᵀ dM
+                grad_gate = (left * w1f).sum(-1).to(gate.dtype)  # (B, N, I)
+                grad_w1 = torch.einsum("bni,bnij->ij", g, left).to(w1.dtype)  # (I, He)
+                grad_w2 = torch.einsum("bnhj,bni,ij->hi", grad_mix, g, w1f).to(w2.dtype)  # (He, I)
+            if ae is not None:
+                grad_ae = _head_map(pf.t(), grad_u).to(ae.dtype)  # (B, H, N, d)
+                b = grad_u.shape[0]
+                per_batch = torch.matmul(grad_u.reshape(b, grad_u.shape[1], -1),  # (B, He, N·d)
+                                         ae_f.reshape(b, ae_f.shape[1], -1).transpose(1, 2))  # (B, N·d, H)
+                grad_p = per_batch.sum(0).to(p.dtype)  # (He, H)
+        return grad_u, grad_ae, grad_p, grad_gate, grad_w1, grad_w2
+
+
+def _head_map(p: Tensor, x: Tensor) -> Tensor:
+    """Mix heads: p (G, H), x (B, H, N, d) -> (B, G, N, d), one batched product."""
+    b, h, n, d = x.shape
+    return torch.matmul(p, x.reshape(b, h, n * d)).view(b, p.shape[0], n, d)
+
+
+def _per_token(mix: Tensor, x: Tensor) -> Tensor:
+    """M_n · x[:, :, n] for every token: mix (B, N, He, He), x (B, He, N, d) -> (B, He, N, d)."""
+    return torch.matmul(mix, x.transpose(1, 2)).transpose(1, 2)
 
 
 def _no_autocast(x: Tensor) -> contextlib.AbstractContextManager:
@@ -162,23 +195,37 @@ class TAPELayer(LayerPE):
         return state.rot if self.post_attn is not None else None
 
     def after_attention(self, state: PositionState, extra_out: Tensor | None) -> PositionState:
+        """Keep A·E for the layer's one E update after the MLP (nothing reads E in between)."""
         if self.post_attn is None or extra_out is None:
             return state
-        weight = self.post_attn.weight.to(extra_out.dtype)
-        if self.post_mode == "mix":
-            delta = torch.einsum("gh,bhnd->bgnd", weight, extra_out)  # (B, He, N, d)
-        else:
-            scaled = extra_out * weight.sum(-1)[:, None, None]  # head h times sum_e W[h, e]
-            b, _, n, d = scaled.shape
-            delta = scaled.view(b, -1, self.groups, n, d).sum(2)  # (B, He, N, d)
-        return state.with_rot(state.rot + delta)
+        return replace(state, pending=extra_out)
 
     def after_mlp(self, state: PositionState, mlp_out: Tensor) -> PositionState:
-        if self.x_proj is None:
+        ae = state.pending
+        if ae is None and self.x_proj is None:
             return state
-        gate = F.silu(self.x_proj(mlp_out))  # (B, N, I): per (token, channel i), shared over d
-        delta = _TokenMix.apply(state.rot, gate, self.w1.weight, self.w2.weight)  # (B, He, N, d)
-        return state.with_rot(state.rot + delta)
+        gate = w1 = w2 = None
+        if self.x_proj is not None:
+            gate = F.silu(self.x_proj(mlp_out))  # (B, N, I): per (token, channel i), shared over d
+            w1, w2 = self.w1.weight, self.w2.weight
+        rot = _UpdateE.apply(state.rot, ae, None if ae is None else self.head_map(), gate, w1, w2)
+        return replace(state, rot=rot, pending=None)  # (B, He, N, d)
+
+    def head_map(self) -> Tensor:
+        """P (He x H), the map of the H query-head aggregates A·E onto the He E heads. rowsum:
+        head h's scalar sum_e W[h, e], summed within its group (the official code's einsum)."""
+        weight = self.post_attn.weight
+        if self.post_mode == "mix":
+            return weight
+        heads = weight.shape[0]
+        group = torch.arange(heads, device=weight.device) // self.groups  # (H,) E head of each query head
+        own = group[None, :] == torch.arange(heads // self.groups, device=weight.device)[:, None]  # (He, H)
+        return own.to(weight.dtype) * weight.sum(-1)[None, :]
+
+    def attention_updated(self, state: PositionState) -> Tensor:
+        """E + P·AE: E between the attention update and the token mix (for measurements)."""
+        e, ae = state.rot, state.pending
+        return e if ae is None else e + _head_map(self.head_map().to(e.dtype), ae.to(e.dtype))
 
     def init_weights(self, std: float) -> None:
         """Zero the post-attention map and W1 (or W2): at init E stays the RoPE table."""
