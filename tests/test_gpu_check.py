@@ -63,7 +63,7 @@ def _sleeper(name: str, timed: bool, seconds: float, ok: bool = True) -> gpu_che
 
 
 def test_untimed_steps_run_side_by_side_and_timed_steps_alone(tmp_path: Path) -> None:
-    steps = [_sleeper("a", False, 1.0), _sleeper("b", False, 1.0, ok=False), _sleeper("c", False, 1.0),
+    steps = [_sleeper("a", False, 1.5), _sleeper("b", False, 1.5, ok=False), _sleeper("c", False, 1.5),
              _sleeper("t1", True, 0.5), _sleeper("t2", True, 0.5)]
     seen: list[list[str]] = []
     outcomes = gpu_check.run_steps(steps, tmp_path, jobs=3, on_done=lambda done: seen.append([o.name for o in done]))
