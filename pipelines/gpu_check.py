@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipelines.gpu_targets import window_targets
+from pipelines.gpu_targets import window_profiles, window_targets
 
 SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
 GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu", "parity/gpu", "mqar/gpu", "selective_copy/gpu", "counting/gpu")
@@ -368,11 +368,11 @@ def _failure(outcome: dict) -> str:
 
 def _numbers(summary: dict) -> list[str]:
     """The JSON line each in-process step (model, resume, llama7b, throughput) printed last, as a
-    list item."""
+    list item (the step profiles get tables of their own)."""
     lines = []
     for o in summary["outcomes"]:
         printed = [line for line in o["tail"] if line.startswith("{")]
-        if printed:
+        if printed and "(profiler)" not in o["name"]:
             lines.append(f"- {o['name']}: `{printed[-1]}`")
     return lines
 
@@ -393,6 +393,7 @@ def _window(summary: dict) -> str:
         *(["Numbers printed by the in-process steps:", "", *numbers, ""] if numbers else []),
         *([f"The efficiency benchmark's tables (paper Table 4's shape): `{tables}`.", ""] if tables.is_file() else []),
         *window_targets(window),
+        *window_profiles(summary["outcomes"]),
         *([f"The attention operator by length: `{by_length}`.", ""] if by_length.is_file() else []),
     ])
 

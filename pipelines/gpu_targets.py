@@ -1,5 +1,6 @@
 """The efficiency targets of the GPU issue, judged from a gpu-check window's benchmark
-(``benchmark/efficiency.json``): TAPE over RoPE at the paper's 155M shape, one table per window."""
+(``benchmark/efficiency.json``): TAPE over RoPE at the paper's 155M shape, one table per window;
+and the step profiles (``python -m tape.bench.step_profile``) that window printed, as tables."""
 
 from __future__ import annotations
 
@@ -55,3 +56,55 @@ def window_targets(window: Path) -> list[str]:
     if efficiency.get("machine", {}).get("device") != "cuda":
         return []
     return ["### Efficiency targets (TAPE / RoPE)", "", *targets_md(efficiency), ""]
+
+
+PROFILE_NAMES = {"rope": "RoPE", "tape_fused": "TAPE (auto)", "tape_unfused": "TAPE, two SDPA calls"}
+
+
+def profile_md(profile: dict) -> list[str]:
+    """Markdown lines of one step profile: per batch size and model, wall time, the device's busy
+    time and share, kernels per step and the ratios to RoPE; for a compiled profile, TAPE's step
+    time over RoPE's against the step-time target (medians of each model timed alone, unpaired)."""
+    compiled = "compiled (torch.compile)" if profile.get("compiled") else "eager"
+    lines = [f"{compiled.capitalize()} training step, {profile.get('seq_len')} tokens a row, on "
+             f"{profile.get('device')}; each model timed alone (median of its steps), then profiled.", "",
+             "| batch | model | wall ms | device busy ms | busy share | kernels / step | wall / RoPE "
+             "| kernels / RoPE |", "|---|---|---|---|---|---|---|---|"]
+    ratios = []
+    for key, rows in profile.items():
+        if not key.startswith("batch_"):
+            continue
+        for label, row in rows.items():
+            count = row.get("kernels_per_step", row.get("ops_per_step"))
+            count_vs = row.get("kernels_per_step_vs_rope", row.get("ops_per_step_vs_rope"))
+            lines.append(f"| {key.removeprefix('batch_')} | {PROFILE_NAMES.get(label, label)} | {row['wall_ms']:.1f} "
+                         f"| {_num(row.get('device_busy_ms'), '.1f')} | {_num(row.get('busy_share'), '.2f')} "
+                         f"| {_num(count, '.0f')} | {_num(row.get('wall_ms_vs_rope'), '.3f')} | {_num(count_vs, '.2f')} |")
+            if profile.get("compiled") and label == "tape_fused" and row.get("wall_ms_vs_rope") is not None:
+                ratios.append((key.removeprefix("batch_"), row["wall_ms_vs_rope"]))
+    lines.append("")
+    if "kernels_per_step" not in str(profile):  # a CPU profile counts aten operators instead
+        lines += ["(On a CPU the kernel columns count the aten operators a step dispatches.)", ""]
+    for batch, ratio in ratios:
+        lines += [f"Compiled TAPE / RoPE step time at batch {batch}: {ratio:.3f}, target <= {STEP_TIME_TARGET}: "
+                  f"{_verdict(ratio, STEP_TIME_TARGET)} (unpaired medians, one run).", ""]
+    return lines
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def window_profiles(outcomes: list[dict]) -> list[str]:
+    """A section per step-profile check of a window that printed its JSON line."""
+    out = []
+    for o in outcomes:
+        printed = [line for line in o.get("tail", []) if line.startswith("{")]
+        if "(profiler)" not in o["name"] or not printed:
+            continue
+        try:
+            profile = json.loads(printed[-1])
+        except json.JSONDecodeError:
+            continue
+        out += [f"### {o['name']}", "", *profile_md(profile)]
+    return out

@@ -177,6 +177,27 @@ def test_the_page_says_whether_make_gpu_check_ran_whole_and_passed(tmp_path: Pat
     assert not gpu_check.complete_core_run(only)  # --only is never the whole proof
 
 
+def test_the_page_renders_step_profiles_as_tables_and_judges_the_compiled_ratio(tmp_path: Path) -> None:
+    """The profile's JSON line (a fixture shaped like tape.bench.step_profile's) becomes a table;
+    a compiled profile's TAPE/RoPE step time is judged against the 1.10 target."""
+    records = tmp_path / "records"
+    path = summary(records, gpu=True) / "summary.json"
+    data = json.loads(path.read_text())
+    rows = {"rope": {"wall_ms": 20.0, "device_busy_ms": 18.0, "busy_share": 0.9, "kernels_per_step": 400.0},
+            "tape_fused": {"wall_ms": 23.0, "device_busy_ms": 21.0, "busy_share": 0.91, "kernels_per_step": 520.0,
+                           "wall_ms_vs_rope": 1.15, "kernels_per_step_vs_rope": 1.3}}
+    profile = {"device": "NVIDIA H100 80GB HBM3", "seq_len": 1024, "compiled": True, "batch_4": rows}
+    data["outcomes"].append({"name": "a 155M step compiled (torch.compile), RoPE vs TAPE, batch 4 (profiler)",
+                             "command": "python -m tape.bench.step_profile --compile", "passed": True, "wall_s": 300.0,
+                             "returncode": 0, "log": "02.log", "tail": ["compiling", json.dumps(profile)]})
+    path.write_text(json.dumps(data))
+    gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
+    text = (tmp_path / "gpu.md").read_text()
+    assert "| 4 | TAPE (auto) | 23.0 | 21.0 | 0.91 | 520 | 1.150 | 1.30 |" in text
+    assert "Compiled TAPE / RoPE step time at batch 4: 1.150, target <= 1.1: missed" in text
+    assert json.dumps(profile) not in text  # a table, not the raw line
+
+
 def test_the_page_needs_a_summary(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="make gpu-check on a GPU"):
         gpu_check.main(["--records", str(tmp_path), "--render", str(tmp_path / "gpu.md")])
