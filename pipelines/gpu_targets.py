@@ -9,6 +9,7 @@ from pathlib import Path
 
 STEP_TIME_TARGET = 1.10  # training step, TAPE / RoPE
 STEP_MEMORY_TARGET = 1.10  # peak memory of a step, TAPE / RoPE
+OP_TIME_TARGET = 1.6  # attention operator, forward + backward, TAPE / RoPE
 MODE_NAMES = {"fused": "tape_fused=true (auto: the Triton kernel)", "triton": "the Triton kernel",
               "flex": "FlexAttention", "unfused": "two SDPA calls", "concat": r"one SDPA call, [V \| E]",
               "padded": "one SDPA call, q and k padded"}
@@ -47,15 +48,42 @@ def targets_md(efficiency: dict) -> list[str]:
     return lines
 
 
+def sweep_targets_md(sweep: dict) -> list[str]:
+    """Markdown lines: per length and TAPE path, the attention operator's forward+backward time
+    over RoPE's (TAPE's E updates included) against the operator target, and the fastest path."""
+    from tape.bench.sweep import TAPE_PATHS, fastest_tape_path
+
+    lines = [f"Attention operator, forward + backward, by length ({sweep['settings'].get('dtype')}); target: "
+             f"TAPE / RoPE <= {OP_TIME_TARGET} (the issue's; FLOP floor 1.5).", "",
+             "| N | TAPE path | fwd+bwd / RoPE | target | TFLOP/s | RoPE's TFLOP/s |", "|---|---|---|---|---|---|"]
+    for n, row in sweep["rows"].items():
+        rope = (row.get("rope") or {}).get("forward_backward") or {}
+        for label in TAPE_PATHS:
+            timed = (row.get(label) or {}).get("forward_backward")
+            if timed is None:
+                continue
+            ratio = timed.get("vs_rope")
+            lines.append(f"| {n} | {TAPE_PATHS[label]} | {_num(ratio, '.3f')} | {_verdict(ratio, OP_TIME_TARGET)} "
+                         f"| {_num(timed.get('tflops'), '.1f')} | {_num(rope.get('tflops'), '.1f')} |")
+    fastest = [f"N = {n}: {fastest_tape_path(row) or 'none ran'}" for n, row in sweep["rows"].items()]
+    return [*lines, "", "Fastest TAPE path by length (tape/model/attention.py's `CUDA_TAPE_PATH` says how to act on "
+            "it): " + "; ".join(fastest) + ".", ""]
+
+
 def window_targets(window: Path) -> list[str]:
-    """The targets table of a window whose benchmark ran on a GPU, else nothing."""
+    """The targets tables of a window whose benchmark or sweep ran on a GPU, else nothing."""
+    out = []
     path = window / "benchmark" / "efficiency.json"
-    if not path.is_file():
-        return []
-    efficiency = json.loads(path.read_text())
-    if efficiency.get("machine", {}).get("device") != "cuda":
-        return []
-    return ["### Efficiency targets (TAPE / RoPE)", "", *targets_md(efficiency), ""]
+    if path.is_file():
+        efficiency = json.loads(path.read_text())
+        if efficiency.get("machine", {}).get("device") == "cuda":
+            out += ["### Efficiency targets (TAPE / RoPE)", "", *targets_md(efficiency), ""]
+    path = window / "sweep" / "sweep.json"
+    if path.is_file():
+        sweep = json.loads(path.read_text())
+        if str(sweep.get("settings", {}).get("device", "")).startswith("cuda"):
+            out += ["### Attention operator target by length", "", *sweep_targets_md(sweep)]
+    return out
 
 
 PROFILE_NAMES = {"rope": "RoPE", "tape_fused": "TAPE (auto)", "tape_unfused": "TAPE, two SDPA calls"}

@@ -198,6 +198,30 @@ def test_the_page_renders_step_profiles_as_tables_and_judges_the_compiled_ratio(
     assert json.dumps(profile) not in text  # a table, not the raw line
 
 
+def test_the_page_judges_the_operator_target_by_length_from_a_gpu_sweep(tmp_path: Path) -> None:
+    """sweep/sweep.json of a window (a fixture shaped like tape/bench/sweep.py's) becomes a table
+    against the 1.6 operator target, with the fastest path per length; a CPU sweep is not judged."""
+    records = tmp_path / "records"
+    window = summary(records, gpu=True)
+
+    def timed(seconds: float, ratio: float, tflops: float) -> dict:
+        return {"forward_backward": {"time_s": {"median_s": seconds}, "vs_rope": ratio, "tflops": tflops}}
+
+    sweep = {"settings": {"device": "cuda", "dtype": "bfloat16"},
+             "rows": {"1024": {"rope": timed(1.0, 1.0, 300.0), "tape_triton": timed(1.8, 1.8, 250.0),
+                               "tape_flex": timed(1.5, 1.5, 290.0), "tape_unfused": {"not_run": "not run: x"}}}}
+    (window / "sweep").mkdir()
+    (window / "sweep" / "sweep.json").write_text(json.dumps(sweep))
+    gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
+    text = (tmp_path / "gpu.md").read_text()
+    assert "| 1024 | triton | 1.800 | missed | 250.0 | 300.0 |" in text
+    assert "| 1024 | flex | 1.500 | met | 290.0 | 300.0 |" in text and "| 1024 | two_calls |" not in text
+    assert "N = 1024: flex." in text
+    (window / "sweep" / "sweep.json").write_text(json.dumps({**sweep, "settings": {"device": "cpu"}}))
+    gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
+    assert "Attention operator target by length" not in (tmp_path / "gpu.md").read_text()
+
+
 def test_the_page_needs_a_summary(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="make gpu-check on a GPU"):
         gpu_check.main(["--records", str(tmp_path), "--render", str(tmp_path / "gpu.md")])
