@@ -65,6 +65,33 @@ def check_run_dir_new(run_dir: Path, key: str = "hydra.run.dir") -> None:
         )
 
 
+HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--experimental-rerun", "--shell-completion", "-sc"}
+"""Hydra's command-line flags that take the next argument as their value."""
+HYDRA_PRINT_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--version",
+                     "--shell-completion", "-sc"}
+"""Hydra's flags that print something and run no task (nothing to check before them)."""
+
+
+def hydra_overrides(argv: list[str]) -> list[str]:
+    """The config overrides of ``argv``: Hydra's flags (``--cfg job``, ``-cn name``, ``-m``) and
+    their values removed."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in HYDRA_VALUE_FLAGS  # "--cfg=job" carries its value
+        else:
+            out.append(arg)
+    return out
+
+
+def only_prints(argv: list[str]) -> bool:
+    """Hydra prints (the config, help, its version) and runs no task."""
+    return any(arg.split("=")[0] in HYDRA_PRINT_FLAGS for arg in argv)
+
+
 def _first_of_each_sweep(argv: list[str]) -> list[str]:
     """The overrides of ``argv`` with every sweep (a,b / range(...)) cut to its first value."""
     out = []
@@ -82,10 +109,10 @@ def preflight(config_name: str, argv: list[str]) -> None:
     starts its log before the task runs): ``paths.runs_dir`` is writable and ``hydra.run.dir``
     is new. Composes the config as Hydra will; a config Hydra cannot compose is left for Hydra
     to report. DDP's extra processes rerun the command inside rank 0's directory: not checked."""
-    if not is_rank_zero():
+    if not is_rank_zero() or only_prints(argv):
         return
     multirun = bool({"-m", "--multirun"} & set(argv))
-    overrides = [a for a in argv if not a.startswith("-")]
+    overrides = hydra_overrides(argv)
     if (problem := contradiction_problem(config_name, overrides)) is not None:
         raise PipelineConfigError(problem)
     cfg = compose_or_none(config_name, _first_of_each_sweep(overrides), hydra=True)

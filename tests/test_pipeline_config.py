@@ -18,7 +18,7 @@ from pipelines.config_checks import check_compile, check_trainer
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import instantiate_group
 from pipelines.models import model_config
-from pipelines.preflight import unknown_choice
+from pipelines.preflight import hydra_overrides, only_prints, preflight, unknown_choice
 from pipelines import tasks
 from pipelines.tasks import addition
 from pipelines.train import build_module
@@ -200,3 +200,16 @@ def test_compile_reaches_the_module_and_stays_out_of_its_checkpoint() -> None:
     assert build_module(compose_config("config", ["experiment=addition/smoke"])).compile_model is False
     with pytest.raises(PipelineConfigError, match="drop compile=true"):
         check_compile(cfg, runs_itself=True)  # context extension trains Hugging Face Llama itself
+
+
+def test_hydras_own_flags_pass_the_preflight(tmp_path: Path) -> None:
+    """`--cfg job` (print the config) used to reach the override parser as an override "job"
+    and end in a traceback; flags and their values are Hydra's, and a print-only call is not checked."""
+    argv = ["experiment=addition/smoke", "--cfg", "job", "-cn", "config", "--multirun", "--cfg=all", "seed=1"]
+    assert hydra_overrides(argv) == ["experiment=addition/smoke", "seed=1"]
+    assert only_prints(argv) and only_prints(["--info"]) and not only_prints(["-m", "seed=1,2"])
+    runs = tmp_path / "runs"
+    preflight("config", ["experiment=addition/smoke", f"paths.runs_dir={runs}", "--cfg", "job"])
+    assert not runs.exists()  # nothing checked or created for a call that only prints
+    preflight("config", ["experiment=addition/smoke", f"paths.runs_dir={runs}", "-cn", "config"])
+    assert runs.is_dir()  # checked (writable) with the flag's value left out of the overrides
