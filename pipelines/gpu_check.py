@@ -53,10 +53,11 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipelines.gpu_targets import window_profiles, window_targets
+from pipelines.gpu_targets import printed_json, window_profiles, window_targets
 
 SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
 GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu", "parity/gpu", "mqar/gpu", "selective_copy/gpu", "counting/gpu")
@@ -187,16 +188,11 @@ def run_steps(steps: Sequence[Check], out_dir: Path, budget_s: float | None = No
         print(f"{'pass' if outcome.passed else 'FAIL'} {outcome.name} ({outcome.wall_s:.0f} s)", flush=True)
         on_done([done[k] for k in sorted(done)])
 
-    i = 0
-    while i < len(steps):
-        group = [i]
-        while not steps[i].timed and group[-1] + 1 < len(steps) and not steps[group[-1] + 1].timed:
-            group.append(group[-1] + 1)
-        with ThreadPoolExecutor(max_workers=1 if steps[i].timed else jobs) as pool:
+    for timed, group in groupby(range(len(steps)), key=lambda k: steps[k].timed):
+        with ThreadPoolExecutor(max_workers=1 if timed else jobs) as pool:  # one worker: in order, alone
             futures = {pool.submit(attempt, k): k for k in group}
             for future in as_completed(futures):
                 finished(futures[future], future.result())
-        i = group[-1] + 1
     return [done[k] for k in sorted(done)]
 
 
@@ -371,9 +367,9 @@ def _numbers(summary: dict) -> list[str]:
     list item (the step profiles get tables of their own)."""
     lines = []
     for o in summary["outcomes"]:
-        printed = [line for line in o["tail"] if line.startswith("{")]
-        if printed and "(profiler)" not in o["name"]:
-            lines.append(f"- {o['name']}: `{printed[-1]}`")
+        line = printed_json(o)
+        if line is not None and "(profiler)" not in o["name"]:
+            lines.append(f"- {o['name']}: `{line}`")
     return lines
 
 

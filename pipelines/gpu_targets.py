@@ -123,15 +123,21 @@ def _num(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def printed_json(outcome: dict) -> str | None:
+    """The last JSON line a step printed (its log's tail), or None."""
+    printed = [line for line in outcome.get("tail", []) if line.startswith("{")]
+    return printed[-1] if printed else None
+
+
 def window_profiles(outcomes: list[dict]) -> list[str]:
     """A section per step-profile check of a window that printed its JSON line."""
     out = []
     for o in outcomes:
-        printed = [line for line in o.get("tail", []) if line.startswith("{")]
-        if "(profiler)" not in o["name"] or not printed:
+        line = printed_json(o)
+        if "(profiler)" not in o["name"] or line is None:
             continue
         try:
-            profile = json.loads(printed[-1])
+            profile = json.loads(line)
         except json.JSONDecodeError:
             continue
         out += [f"### {o['name']}", "", *profile_md(profile)]

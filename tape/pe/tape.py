@@ -100,7 +100,7 @@ class _UpdateE(torch.autograd.Function):
         # e (B, He, N, d); ae (B, H, N, d); p (He, H); gate (B, N, I); w1 (I, He); w2 (He, I)
         ctx.save_for_backward(e, ae, p, gate, w1, w2)
         with _no_autocast(e):
-            u = e if ae is None else e + _head_map(p.to(e.dtype), ae.to(e.dtype))  # (B, He, N, d)
+            u = _attention_update(e, ae, p)  # (B, He, N, d)
             if gate is None:
                 return u
             mix = _mix_matrix(gate.to(e.dtype), w1.to(e.dtype), w2.to(e.dtype))  # (B, N, He, He)
@@ -116,7 +116,7 @@ class _UpdateE(torch.autograd.Function):
             pf = None if p is None else p.to(e.dtype)
             grad_u = grad
             if gate is not None:
-                u = e if ae is None else e + _head_map(pf, ae_f)  # recomputed
+                u = _attention_update(e, ae_f, pf)  # recomputed
                 g, w1f, w2f = gate.to(e.dtype), w1.to(e.dtype), w2.to(e.dtype)
                 mix = _mix_matrix(g, w1f, w2f)  # (B, N, He, He), recomputed
                 grad_t = grad.transpose(1, 2).contiguous()  # (B, N, He, d)
@@ -133,6 +133,11 @@ class _UpdateE(torch.autograd.Function):
                                          ae_f.reshape(b, ae_f.shape[1], -1).transpose(1, 2))  # (B, N·d, H)
                 grad_p = per_batch.sum(0).to(p.dtype)  # (He, H)
         return grad_u, grad_ae, grad_p, grad_gate, grad_w1, grad_w2
+
+
+def _attention_update(e: Tensor, ae: Tensor | None, p: Tensor | None) -> Tensor:
+    """E + P·AE in E's dtype: e (B, He, N, d), ae (B, H, N, d) or None, p (He, H) -> (B, He, N, d)."""
+    return e if ae is None else e + _head_map(p.to(e.dtype), ae.to(e.dtype))
 
 
 def _head_map(p: Tensor, x: Tensor) -> Tensor:
@@ -224,8 +229,8 @@ class TAPELayer(LayerPE):
 
     def attention_updated(self, state: PositionState) -> Tensor:
         """E + P·AE: E between the attention update and the token mix (for measurements)."""
-        e, ae = state.rot, state.pending
-        return e if ae is None else e + _head_map(self.head_map().to(e.dtype), ae.to(e.dtype))
+        ae = state.pending
+        return _attention_update(state.rot, ae, None if ae is None else self.head_map())
 
     def init_weights(self, std: float) -> None:
         """Zero the post-attention map and W1 (or W2): at init E stays the RoPE table."""
