@@ -217,6 +217,22 @@ def test_triton_backend_on_cpu_runs_the_interpreter_and_matches_sdpa():
     torch.testing.assert_close(out_e, ref_e, atol=1e-5, rtol=1e-5)
 
 
+
+@pytest.mark.parametrize("backend,passed", [("triton", torch.float32), ("sdpa", torch.bfloat16)])
+def test_only_the_kernel_takes_a_float32_e_uncast(monkeypatch, backend, passed):
+    """The kernel casts E itself and saves TAPE's float32 E (alive anyway) instead of a bf16 copy;
+    every other path gets E in the values' dtype."""
+    q, k, v, e, _ = _inputs(nq=4, nk=4, d=16, dtype=torch.float32)
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    seen = []
+    monkeypatch.setattr(attention, "triton_available", lambda: True)
+    monkeypatch.setattr(attention, "_triton", lambda q, k, v, extra, scale: seen.append(extra.dtype) or [v, v])
+    real_sdpa = attention._sdpa
+    monkeypatch.setattr(attention, "_sdpa", lambda q, k, v, *a: seen.append(v.dtype) or real_sdpa(q, k, v, *a))
+    attend(q, k, v, extra=e, backend=backend, fuse=False)
+    assert seen[-1] == passed
+
+
 # ----------------------------------------------------------------------------- FlexAttention
 FLEX_CASES = [dict(nq=6, nk=6, hkv=4), dict(nq=6, nk=6, hkv=2), dict(nq=3, nk=9, hkv=2), dict(nq=1, nk=7, hkv=4)]
 

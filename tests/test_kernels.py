@@ -165,6 +165,44 @@ def test_gradients_of_sliced_and_expanded_inputs():
     torch.testing.assert_close(ours_base.grad.double(), ref_base.grad, atol=1e-4, rtol=1e-4)
 
 
+def _wide_e_run(device: str, dtype: torch.dtype) -> None:
+    """A float32 E beside half q, k, v (TAPE's layout): the same outputs and gradients as passing
+    E cast to the half dtype, and E itself saved for backward, not a half copy of it."""
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(1, 4, 21, 16), (1, 2, 21, 16), (1, 2, 21, 16), (1, 2, 21, 8)]  # GQA 4/2, de != dv
+    q, k, v, e = (torch.randn(*s, generator=gen).to(device) for s in shapes)
+    half = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+    wide = e.clone().requires_grad_()
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        o, oe = fused_attention(*half, wide, block=16)
+    assert any(t.data_ptr() == wide.data_ptr() and t.dtype == torch.float32 for t in saved)
+    assert not any(t.shape == e.shape and t.dtype == dtype for t in saved), "a half copy of E was saved"
+    (o.float().square().sum() + oe.float().sum()).backward()
+    cast = [x.detach().clone().requires_grad_() for x in (*half, e.to(dtype))]
+    o2, oe2 = fused_attention(*cast, block=16)
+    (o2.float().square().sum() + oe2.float().sum()).backward()
+    assert oe.dtype == dtype and wide.grad.dtype == torch.float32
+    torch.testing.assert_close(o, o2, rtol=0, atol=0)
+    torch.testing.assert_close(oe, oe2, rtol=0, atol=0)
+    for ours, theirs in zip((*half, wide), cast):
+        torch.testing.assert_close(ours.grad, theirs.grad.to(ours.grad.dtype), rtol=0, atol=0)
+
+
+@interpreted
+def test_a_float32_e_beside_bf16_inputs_is_saved_not_copied():
+    _wide_e_run("cpu", torch.bfloat16)
+
+
+def test_a_wider_e_is_refused_by_the_plain_kernel_and_a_narrower_by_both():
+    q, k, v, e = (x.to(torch.bfloat16) for x in _inputs(1, 2, 2, 4, 8, 16, 16, 16))
+    check_inputs(q, k, v, e.float(), wide_e=True)
+    with pytest.raises(ValueError, match="dtypes"):
+        check_inputs(q, k, v, e.float())
+    with pytest.raises(ValueError, match="e may be float32"):
+        check_inputs(q.float(), k.float(), v.float(), e, wide_e=True)
+
+
 # ---------------------------------------------------------------------------- compiled, on a GPU
 CUDA_SHAPES = {
     "tails, head dim 64": (2, 4, 4, 100, 100, 64, 64, 64),
@@ -179,6 +217,12 @@ CUDA_SHAPES = {
 @pytest.mark.parametrize("shape", list(CUDA_SHAPES.values()), ids=list(CUDA_SHAPES))
 def test_compiled_kernel_matches_float64_autograd(shape, dtype, tol):
     _compare(shape, dtype=dtype, tol=tol, block=None, device="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compiled_kernel_saves_a_float32_e_not_a_copy(dtype):
+    _wide_e_run("cuda", dtype)
 
 
 # ---------------------------------------------------------------------------- GPU decisions, faked

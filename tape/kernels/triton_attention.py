@@ -275,8 +275,9 @@ def _unit_last(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor) -> None:
-    """Raise ValueError naming what this kernel cannot take."""
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor, wide_e: bool = False) -> None:
+    """Raise ValueError naming what this kernel cannot take. wide_e: e may also be a wider float
+    than q, k, v (``fused_attention`` casts it)."""
     (b, h, nq, d), (bk, hkv, nk, dk) = q.shape, k.shape
     if (bk, dk) != (b, d) or v.shape[:3] != k.shape[:3] or e.shape[:3] != k.shape[:3]:
         raise ValueError(f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
@@ -288,9 +289,12 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor) -> None:
     if max(d, v.shape[-1], e.shape[-1]) > MAX_HEAD_DIM:
         raise ValueError(f"head dims {d}, {v.shape[-1]}, {e.shape[-1]}: at most {MAX_HEAD_DIM}")
     dtypes = {q.dtype, k.dtype, v.dtype, e.dtype}
+    if wide_e and e.dtype in (torch.float32, torch.float64) and e.dtype.itemsize >= v.dtype.itemsize:
+        dtypes.discard(e.dtype)
+        dtypes.add(v.dtype)
     if len(dtypes) != 1 or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtypes {sorted(map(str, dtypes))}: pass q, k, v, e in one of "
-                         "float32, float16, bfloat16")
+                         "float32, float16, bfloat16" + (" (e may be float32 or float64)" if wide_e else ""))
 
 
 def _meta(q: Tensor, k: Tensor, v: Tensor, e: Tensor, block: int | None) -> dict:
@@ -359,11 +363,16 @@ def attention_backward(
 
 
 class FusedVEAttention(torch.autograd.Function):
-    """Autograd wrapper: (q, k, v, e) -> (A·V, A·E) with the fused forward and summed backward."""
+    """Autograd wrapper: (q, k, v, e) -> (A·V, A·E) with the fused forward and summed backward.
+
+    A wider e (TAPE's float32 E beside bf16 q, k, v) is cast to v's dtype for the kernel, and the
+    caller's e, which TAPE keeps alive anyway, is saved instead of the cast copy (recast in
+    backward): one (B, Hkv, Nk, de) half-precision tensor less per layer between the passes.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, e, scale, block):  # noqa: D102
-        o, oe, lse = attention_forward(q, k, v, e, scale, block)
+        o, oe, lse = attention_forward(q, k, v, e.to(v.dtype), scale, block)
         ctx.save_for_backward(q, k, v, e, o, oe, lse)
         ctx.scale, ctx.block = scale, block
         return o, oe
@@ -373,8 +382,9 @@ class FusedVEAttention(torch.autograd.Function):
         q, k, v, e, o, oe, lse = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do
         doe = torch.zeros_like(oe) if doe is None else doe
-        dq, dk, dv, de = attention_backward(q, k, v, e, o, oe, lse, do, doe, ctx.scale, ctx.block)
-        return dq, dk, dv, de, None, None
+        dq, dk, dv, de = attention_backward(q, k, v, e.to(v.dtype), o, oe, lse, do, doe, ctx.scale,
+                                            ctx.block)
+        return dq, dk, dv, de.to(e.dtype), None, None
 
 
 def fused_attention(
@@ -383,6 +393,8 @@ def fused_attention(
     """Causal (lower-right) softmax(q kᵀ · scale) applied to V and E with one QKᵀ; differentiable.
 
     q (B, H, Nq, d); k, v, e (B, Hkv, Nk, ·) with H a multiple of Hkv -> (B, H, Nq, dv), (B, H, Nq, de).
+    e may be float32 or float64 beside half q, k, v: it is aggregated in v's dtype, A·E comes out
+    in v's dtype and e's gradient in e's.
     """
-    check_inputs(q, k, v, e)
+    check_inputs(q, k, v, e, wide_e=True)
     return FusedVEAttention.apply(q, k, v, e, scale, block)

@@ -277,9 +277,10 @@ def attend(
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     is_causal = mask is None and q.shape[-2] == k.shape[-2] and q.shape[-2] > 1
-    if extra is not None:
-        extra = extra.to(v.dtype)
     plan = plan_attention(backend, fuse, q, k, extra, mask, bias, alibi_slopes is not None)
+    wide = extra is not None and extra.dtype in (torch.float32, torch.float64)
+    if extra is not None and not (plan.backend == "triton" and wide):
+        extra = extra.to(v.dtype)  # the kernel casts a float32 E itself, saving E rather than a copy
     values = [v] if extra is None else [v, extra]
     width = v.shape[-1]
 
