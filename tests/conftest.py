@@ -36,12 +36,15 @@ def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``make test`` runs ``-n auto``), each worker gets its share of the
-    cores, so the workers' torch thread pools do not oversubscribe the machine."""
+    cores, and so do the processes its tests start (through OMP_NUM_THREADS), so that no thread
+    pool oversubscribes the machine."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
