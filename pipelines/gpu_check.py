@@ -25,7 +25,7 @@ overwritten), the training runs in ``runs/gpu-check/<time>/runs``. Steps that ti
 
 ``--suite measure`` (``make gpu-measure``), every step timed: where a training step's time goes
 (``python -m tape.bench.step_profile``: device busy time against wall time, kernels per step, the
-costliest kernels, TAPE beside RoPE at batch 4 and 16; then with ``--compile``); the attention
+costliest kernels, TAPE beside RoPE at batch 4, 16 and 32; then with ``--compile``); the attention
 operator by length, N = 1k to 16k, forward and forward+backward, with TFLOP/s
 (``python -m pipelines.attention_sweep``; sweep.{md,json} in the record); the kernel's autotuning;
 50 timed steps of each GPU claim preset and of the addressing tasks' GPU presets (their minutes
@@ -128,8 +128,8 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
                                                  f"output_dir={tables / 'benchmark'}"), 420, timed=True),
     ]
     measure = [
-        Check("where a 155M training step's time goes, TAPE vs RoPE, batch 4 and 16 (profiler)",
-              (*py, "-m", "tape.bench.step_profile"), 180),
+        Check("where a 155M training step's time goes, TAPE vs RoPE, batch 4, 16 and 32 (profiler)",
+              (*py, "-m", "tape.bench.step_profile", "--batches", "4,16,32"), 240),
         Check("a 155M step compiled (torch.compile), RoPE vs TAPE, batch 4 (profiler)",
               (*py, "-m", "tape.bench.step_profile", "--compile", "--batches", "4"), 420),
         Check("attention operator by length, N = 1k-16k, forward and backward",

@@ -198,6 +198,37 @@ def test_the_page_renders_step_profiles_as_tables_and_judges_the_compiled_ratio(
     assert json.dumps(profile) not in text  # a table, not the raw line
 
 
+def test_an_eager_profile_is_judged_only_where_ropes_device_is_busy() -> None:
+    """Eager: a batch whose RoPE step keeps the device busy < 0.9 of the time is host-bound and not
+    judged; a busier one is. Compiled ratios are judged at every batch, with the share beside."""
+    from pipelines.gpu_targets import profile_md
+
+    def rows(share: float, ratio: float) -> dict:
+        return {"rope": {"wall_ms": 50.0, "device_busy_ms": 50.0 * share, "busy_share": share, "kernels_per_step": 2000.0},
+                "tape_fused": {"wall_ms": 50.0 * ratio, "busy_share": share, "kernels_per_step": 2900.0,
+                               "wall_ms_vs_rope": ratio, "kernels_per_step_vs_rope": 1.45}}
+
+    profile = {"device": "NVIDIA H100 80GB HBM3", "seq_len": 1024, "compiled": False,
+               "batch_4": rows(0.25, 1.69), "batch_32": rows(0.95, 1.08)}
+    text = "\n".join(profile_md(profile))
+    assert "Eager TAPE / RoPE at batch 4: 1.690, not judged: RoPE's device was busy 0.25" in text
+    assert "Eager TAPE / RoPE step time at batch 32: 1.080, target <= 1.1: met" in text
+    text = "\n".join(profile_md(profile | {"compiled": True}))
+    assert "Compiled TAPE / RoPE step time at batch 4: 1.690, target <= 1.1: missed" in text
+    assert "RoPE device-busy share 0.25, below 0.9" in text
+
+
+def test_a_benchmark_whose_rope_step_is_host_bound_says_so(tmp_path: Path) -> None:
+    """The H200 benchmark's RoPE ran at 6.9 % MFU: the targets table says the step is probably
+    host-bound; at a high MFU it does not."""
+    from pipelines.gpu_targets import targets_md
+
+    efficiency = json.loads(Path("results/gpu-check/20261127-185221/benchmark/efficiency.json").read_text())
+    assert any("6.9 % of the GPU's dense bf16 peak" in line for line in targets_md(efficiency))
+    efficiency["train_step"]["rows"]["rope"]["mfu"] = 0.45
+    assert not any("MFU" in line for line in targets_md(efficiency))
+
+
 def test_the_page_judges_the_operator_target_by_length_from_a_gpu_sweep(tmp_path: Path) -> None:
     """sweep/sweep.json of a window (a fixture shaped like tape/bench/sweep.py's) becomes a table
     against the 1.6 operator target, with the fastest path per length; a CPU sweep is not judged."""
