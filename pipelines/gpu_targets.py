@@ -127,16 +127,21 @@ def profile_md(profile: dict) -> list[str]:
     if "kernels_per_step" not in str(profile):  # a CPU profile counts aten operators instead
         return lines + ["(On a CPU the kernel columns count the aten operators a step dispatches.)", ""]
     for batch, ratio, share in ratios:
-        bound = share is not None and share >= DEVICE_BOUND_SHARE
-        if profile.get("compiled") or bound:
-            lines += [f"{'Compiled' if profile.get('compiled') else 'Eager'} TAPE / RoPE step time at batch {batch}: {ratio:.3f}, target <= "
-                      f"{STEP_TIME_TARGET}: {_verdict(ratio, STEP_TIME_TARGET)} (unpaired medians, one run"
-                      f"{'' if bound else '; RoPE device-busy share ' + _num(share, '.2f') + ', below ' + str(DEVICE_BOUND_SHARE)}).", ""]
-        else:
-            lines += [f"Eager TAPE / RoPE at batch {batch}: {ratio:.3f}, not judged: RoPE's device was busy "
-                      f"{_num(share, '.2f')} of the step (below {DEVICE_BOUND_SHARE}), so the host's launches set "
-                      "the pace.", ""]
+        lines += [_step_verdict(batch, ratio, share, bool(profile.get("compiled"))), ""]
     return lines
+
+
+def _step_verdict(batch: str, ratio: float, rope_share: float | None, compiled: bool) -> str:
+    """One line on TAPE / RoPE's step time at one batch: judged when compiled or when RoPE's device
+    was busy enough (``DEVICE_BOUND_SHARE``), else said to be host-bound and not judged."""
+    share = _num(rope_share, ".2f")
+    bound = rope_share is not None and rope_share >= DEVICE_BOUND_SHARE
+    if not (compiled or bound):
+        return (f"Eager TAPE / RoPE at batch {batch}: {ratio:.3f}, not judged: RoPE's device was busy {share} "
+                f"of the step (below {DEVICE_BOUND_SHARE}), so the host's launches set the pace.")
+    caveat = "" if bound else f"; RoPE device-busy share {share}, below {DEVICE_BOUND_SHARE}"
+    return (f"{'Compiled' if compiled else 'Eager'} TAPE / RoPE step time at batch {batch}: {ratio:.3f}, "
+            f"target <= {STEP_TIME_TARGET}: {_verdict(ratio, STEP_TIME_TARGET)} (unpaired medians, one run{caveat}).")
 
 
 def _num(value: float | None, spec: str) -> str:
