@@ -80,10 +80,14 @@ def test_a_record_keeps_every_csv_its_task_wrote_and_gains_one_it_lacked(tmp_pat
     assert (dest / "parity.csv").read_text() == "changed\n"
 
 
-def test_unfinished_smoke_and_custom_runs_get_no_record(tmp_path: Path) -> None:
+def test_unfinished_smoke_demo_and_custom_runs_get_no_record(tmp_path: Path) -> None:
+    """make demo's runs (runs/demo/runs/...) are a first look, not results: a reproduction that
+    finds them under runs/ leaves them out of results/records."""
     runs = tmp_path / "runs"
     make_run(runs, "addition/smoke", "rope", 0, "20261122-205210-0835a8-0", addition_metrics(5.0), ADD_CFG)
     make_run(runs, "custom", "rope", 0, "20261122-205210-0835a8-1", addition_metrics(5.0), ADD_CFG)
+    make_run(runs / "demo" / "runs", "addition/demo", "rope", 0, "20261122-205210-0835a8-3", addition_metrics(5.0),
+             ADD_CFG)
     make_run(runs, "addition/cpu", "rope", 0, "20261122-205210-0835a8-2", None, ADD_CFG)
     assert export_all(runs, tmp_path / "records") == []
     unfinished = next(r for r in find_runs(runs) if not r.finished)

@@ -21,7 +21,7 @@ from typing import Callable
 from tape.report.runs import Run, find_runs
 
 RECORD_FILES = ("command.txt", "config.yaml", "metrics.json", "csv/metrics.csv")  # every task
-NOT_RECORDED_SCALES = ("smoke", "custom")  # test presets and ad-hoc runs never become records
+NOT_RECORDED_SCALES = ("smoke", "demo", "custom")  # tests, make demo's first look, ad-hoc runs: never records
 
 
 class RecordConflict(RuntimeError):
