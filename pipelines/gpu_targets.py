@@ -124,7 +124,7 @@ def profile_md(profile: dict) -> list[str]:
             if label == "tape_fused" and row.get("wall_ms_vs_rope") is not None:
                 ratios.append((key.removeprefix("batch_"), row["wall_ms_vs_rope"], rows.get("rope", {}).get("busy_share")))
     lines.append("")
-    if "kernels_per_step" not in str(profile):  # a CPU profile counts aten operators instead
+    if profile.get("device") == "cpu":  # a CPU profile counts aten operators instead
         return lines + ["(On a CPU the kernel columns count the aten operators a step dispatches.)", ""]
     for batch, ratio, share in ratios:
         lines += [_step_verdict(batch, ratio, share, bool(profile.get("compiled"))), ""]

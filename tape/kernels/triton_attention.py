@@ -275,6 +275,12 @@ def _unit_last(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def takes_wide(e: Tensor, v: Tensor) -> bool:
+    """``fused_attention`` takes this e as it is, wider than v (TAPE's float32 E beside half
+    values), casting it inside and saving it uncast."""
+    return e.dtype in (torch.float32, torch.float64) and e.dtype.itemsize >= v.dtype.itemsize
+
+
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor, wide_e: bool = False) -> None:
     """Raise ValueError naming what this kernel cannot take. wide_e: e may also be a wider float
     than q, k, v (``fused_attention`` casts it)."""
@@ -289,7 +295,7 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor, wide_e: bool = Fals
     if max(d, v.shape[-1], e.shape[-1]) > MAX_HEAD_DIM:
         raise ValueError(f"head dims {d}, {v.shape[-1]}, {e.shape[-1]}: at most {MAX_HEAD_DIM}")
     dtypes = {q.dtype, k.dtype, v.dtype, e.dtype}
-    if wide_e and e.dtype in (torch.float32, torch.float64) and e.dtype.itemsize >= v.dtype.itemsize:
+    if wide_e and takes_wide(e, v):
         dtypes.discard(e.dtype)
         dtypes.add(v.dtype)
     if len(dtypes) != 1 or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):

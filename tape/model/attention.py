@@ -152,9 +152,11 @@ def _flash(q, k, v, alibi_slopes, scale):
 
 @torch.compiler.disable  # forced under torch.compile: run the kernel eagerly (a graph break)
 def _triton(q, k, v, extra, scale):
-    from tape.kernels.triton_attention import fused_attention
+    from tape.kernels.triton_attention import fused_attention, takes_wide
 
-    return list(fused_attention(q, k, v, extra, scale))
+    if not takes_wide(extra, v):
+        extra = extra.to(v.dtype)
+    return list(fused_attention(q, k, v, extra, scale))  # a float32 E is cast inside, saved uncast
 
 
 def _flash_ok(q: Tensor, mask: Tensor | None, bias: Tensor | None, alibi: bool) -> bool:
@@ -278,9 +280,8 @@ def attend(
     scale = 1.0 / math.sqrt(q.shape[-1])
     is_causal = mask is None and q.shape[-2] == k.shape[-2] and q.shape[-2] > 1
     plan = plan_attention(backend, fuse, q, k, extra, mask, bias, alibi_slopes is not None)
-    wide = extra is not None and extra.dtype in (torch.float32, torch.float64)
-    if extra is not None and not (plan.backend == "triton" and wide):
-        extra = extra.to(v.dtype)  # the kernel casts a float32 E itself, saving E rather than a copy
+    if extra is not None and plan.backend != "triton":  # the kernel takes E as it is (_triton)
+        extra = extra.to(v.dtype)
     values = [v] if extra is None else [v, extra]
     width = v.shape[-1]
 
