@@ -67,7 +67,9 @@ gpu-measure:  ## The longer GPU measurements (step profiles, attention sweep, au
 
 gpu-page:  ## Render results/gpu.md from every results/gpu-check/ window (refused unless each ran on a GPU)
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check --render results/gpu.md
-.PHONY: gpu-check gpu-measure gpu-page
+gpu-unpack:  ## Put a window packed on a device (--pack; ARCHIVE=<path>/<time>.tar.gz) into results/gpu-check/; then make gpu-page
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check --unpack $(ARCHIVE)
+.PHONY: gpu-check gpu-measure gpu-page gpu-unpack
 
 # wheelhouse: wheels for a GPU node without network (Python $(PY)); install there with
 #   pip install --no-index --find-links .whl hydra-core omegaconf   (WITH="wandb==0.31.0 ..." for more)

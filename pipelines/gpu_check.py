@@ -36,6 +36,10 @@ stops starting steps after SECONDS (a short GPU window runs a few at a time; the
 written after every step). ``--commit LABEL`` records the commit the tree was sent at (a device's
 copy of the tree may carry an older .git, seen as ``<old>+dirty``).
 
+``--pack DIR`` also writes the window as one archive, ``DIR/<time>.tar.gz``, rewritten after every
+step (a device tool that brings back few files gets the whole record, even from a run cut off);
+``--unpack ARCHIVE`` puts such a window into ``--records`` (never over an existing one).
+
 ``--dry-run`` lists the steps and runs nothing (a wiring check on any machine); ``--render
 results/gpu.md`` writes the results page from every window's summary, and refuses a summary
 that did not run on a GPU: nothing GPU-shaped is ever written from a CPU run.
@@ -47,9 +51,11 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
+import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -501,6 +507,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--commit", help="the commit the tree was sent at (a device's copy may carry an older .git)")
     p.add_argument("--render", type=Path, metavar="OUT",
                    help="write OUT (results/gpu.md) from every summary under --records")
+    p.add_argument("--pack", type=Path, metavar="DIR",
+                   help="also write the window as DIR/<time>.tar.gz after every step (one file to carry back)")
+    p.add_argument("--unpack", type=Path, metavar="ARCHIVE",
+                   help="extract a window packed by --pack into --records (never over an existing window)")
     args = p.parse_args(argv)
     if args.step == "model":
         print(json.dumps(model_check()))
@@ -515,6 +525,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines.throughput import throughput
 
         throughput(echo=True)  # one JSON line after each preset: the last holds them all
+        return 0
+    if args.unpack:
+        print(f"unpacked {unpack_window(args.unpack, args.records)}; then make gpu-page")
         return 0
     if args.render:
         dirs = sorted(d.parent for d in args.records.glob("*/summary.json"))
@@ -545,9 +558,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.commit:
         env["commit"] = f"{args.commit} (git there: {env['commit']})"
     plan = {"suite": suite, "only": args.only, "planned": [c.name for c in steps]}
-    outcomes = run_steps(steps, out_dir, args.budget, args.jobs,
-                         on_done=lambda done: write_summary(out_dir, env, done, plan))
-    print(f"summary: {out_dir / 'summary.md'}")
+    archive = None if args.pack is None else args.pack / f"{stamp}.tar.gz"
+
+    def record(done: list[Outcome]) -> None:
+        write_summary(out_dir, env, done, plan)
+        if archive is not None:
+            pack_window(out_dir, archive)
+
+    outcomes = run_steps(steps, out_dir, args.budget, args.jobs, on_done=record)
+    print(f"summary: {out_dir / 'summary.md'}" + (f"; packed: {archive}" if archive else ""))
     return 0 if outcomes and all(o.passed for o in outcomes) and len(outcomes) == len(steps) else 1
 
 
@@ -557,6 +576,39 @@ def write_summary(out_dir: Path, env: dict[str, str], outcomes: list[Outcome], p
     summary = {"dir": str(out_dir), "environment": env, **(plan or {}), "outcomes": [asdict(o) for o in outcomes]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "summary.md").write_text(summary_md(summary))
+
+
+WINDOW_NAME = re.compile(r"\d{8}-\d{6}")
+
+
+def pack_window(window: Path, archive: Path) -> None:
+    """The window's record (summary, logs, tables) as one gzipped tar at ``archive``, replaced
+    whole: a device tool that brings back few files and shallow folders gets all of it."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(archive.name + ".partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        tar.add(window, arcname=window.name)
+    os.replace(partial, archive)
+
+
+def unpack_window(archive: Path, records: Path) -> Path:
+    """Extract a window packed by ``pack_window`` into ``records/<time>/`` and return that folder.
+    Refuses an archive that is not one window with its summary.json, and a window already in
+    ``records`` (records are never overwritten)."""
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        tops = {Path(n).parts[0] for n in names}
+        top = tops.pop() if len(tops) == 1 else ""
+        if not WINDOW_NAME.fullmatch(top) or f"{top}/summary.json" not in names:
+            raise SystemExit(f"{archive}: not one gpu-check window (<time>/summary.json); "
+                             f"pack one with python -m pipelines.gpu_check --pack DIR")
+        target = records / top
+        if target.exists():
+            raise SystemExit(f"{target} exists: a committed window is never overwritten; "
+                             f"compare it with {archive} by hand")
+        records.mkdir(parents=True, exist_ok=True)
+        tar.extractall(records, filter="data")  # no absolute paths, no links out, no devices
+    return target
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,60 @@ def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pyt
         pytest.skip("a GPU is here")
     assert gpu_check.main(["--runs", str(tmp_path / "runs"), "--records", str(tmp_path / "records")]) == 2
     assert "no CUDA device" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_a_packed_window_is_rewritten_after_every_step(tmp_path: Path, monkeypatch) -> None:
+    """--pack: the archive is rewritten after every step, so a window killed before its end still
+    comes back whole to that point, as one file (the device tool brings back 8 files, 2 folders deep)."""
+    pytest.importorskip("torch")
+    import torch
+
+    steps = [_sleeper("a", False, 0.1), _sleeper("b", False, 0.1, ok=False), _sleeper("t", True, 0.1)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a faked GPU: the steps are sleepers
+    env = {"device": "fake", "gpu": "True", "driver": "-", "torch": "-", "triton": "-", "cuda": "-", "commit": "abc"}
+    monkeypatch.setattr(gpu_check, "environment", lambda: env)
+    monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: steps)
+    packed: list[list[str]] = []
+    real_pack = gpu_check.pack_window
+
+    def pack_and_look(window: Path, archive: Path) -> None:
+        real_pack(window, archive)
+        with tarfile.open(archive) as tar:
+            packed.append(sorted(tar.getnames()))
+
+    monkeypatch.setattr(gpu_check, "pack_window", pack_and_look)
+    out = tmp_path / "out"
+    assert gpu_check.main(["--records", str(tmp_path / "records"), "--runs", str(tmp_path / "runs"),
+                           "--pack", str(out)]) == 1  # step b failed
+    (archive,) = out.iterdir()  # one file, no partial one left
+    stamp = archive.name.removesuffix(".tar.gz")
+    assert len(packed) == 3 and all(f"{stamp}/summary.json" in names for names in packed)
+    assert {f"{stamp}/{i:02d}.log" for i in range(3)} <= set(packed[-1])
+    window = gpu_check.unpack_window(archive, tmp_path / "results")
+    outcomes = json.loads((window / "summary.json").read_text())["outcomes"]
+    assert [(o["name"], o["passed"]) for o in outcomes] == [("a", True), ("b", False), ("t", True)]
+    assert (window / "02.log").read_text() == (tmp_path / "records" / stamp / "02.log").read_text()
+
+
+def test_unpack_never_overwrites_a_window_and_refuses_what_is_not_one(tmp_path: Path) -> None:
+    window = summary(tmp_path / "device", gpu=True)
+    (window / "benchmark").mkdir()
+    (window / "benchmark" / "efficiency.md").write_text("# tables\n")
+    gpu_check.pack_window(window, tmp_path / "out" / "w.tar.gz")
+    records = tmp_path / "records"
+    assert gpu_check.main(["--records", str(records), "--unpack", str(tmp_path / "out" / "w.tar.gz")]) == 0
+    landed = records / window.name
+    assert (landed / "benchmark" / "efficiency.md").read_text() == "# tables\n"
+    (landed / "00.log").write_text("committed")
+    with pytest.raises(SystemExit, match="never overwritten"):
+        gpu_check.unpack_window(tmp_path / "out" / "w.tar.gz", records)
+    assert (landed / "00.log").read_text() == "committed"
+    stray = tmp_path / "stray.tar.gz"
+    with tarfile.open(stray, "w:gz") as tar:  # a folder that is no window: no summary.json
+        tar.add(window / "benchmark", arcname="20261126-000001")
+    with pytest.raises(SystemExit, match="not one gpu-check window"):
+        gpu_check.unpack_window(stray, records)
+    assert not (records / "20261126-000001").exists()
 
 
 def summary(tmp_path: Path, gpu: bool, stamp: str = "20261126-000000", fsdp_passed: bool = False) -> Path:
