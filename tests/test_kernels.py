@@ -185,13 +185,38 @@ def _wide_e_run(device: str, dtype: torch.dtype) -> None:
     assert oe.dtype == dtype and wide.grad.dtype == torch.float32
     torch.testing.assert_close(o, o2, rtol=0, atol=0)
     torch.testing.assert_close(oe, oe2, rtol=0, atol=0)
-    for ours, theirs in zip((*half, wide), cast):
-        torch.testing.assert_close(ours.grad, theirs.grad.to(ours.grad.dtype), rtol=0, atol=0)
+    for ours, theirs in zip(half, cast):
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=0, atol=0)
+    # E's gradient: the same float32 sums, written without rounding them to the half dtype first
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(wide.grad.to(dtype), cast[3].grad, rtol=eps, atol=eps)
+    exact = [x.detach().cpu().double().requires_grad_() for x in cast]  # the values the kernel multiplies
+    ref_o, ref_oe, _ = reference(*exact)
+    (ref_o.square().sum() + ref_oe.sum()).backward()
+    l1 = [float((g.cpu().double() - exact[3].grad).abs().sum()) for g in (wide.grad, cast[3].grad)]
+    assert 0 < l1[0] < l1[1], f"E's gradient error: written in float32 {l1[0]:.3g}, via {dtype} {l1[1]:.3g}"
 
 
 @interpreted
 def test_a_float32_e_beside_bf16_inputs_is_saved_not_copied():
     _wide_e_run("cpu", torch.bfloat16)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_backward_delta_kernel_is_both_paths_row_sums(dtype):
+    """Δ = rowsum(dO ∘ O) + rowsum(dO_e ∘ O_e) in float32, rows past a block's end masked."""
+    import tape.kernels.triton_attention as kernels
+
+    gen = torch.Generator().manual_seed(3)
+    o, do = (torch.randn(2, 3, 37, 16, generator=gen).to(dtype) for _ in range(2))
+    oe, doe = (torch.randn(2, 3, 37, 8, generator=gen).to(dtype) for _ in range(2))
+    delta = torch.full((2, 3, 37), float("nan"))
+    kernels._run(kernels._bwd_delta, (3, 6), True, o, oe, do, doe, delta,
+                 *(s for t in (o, oe, do, doe) for s in t.stride()[:3]), 3, 37, 16, 8,
+                 BLOCK_M=kernels.DELTA_ROWS, BLOCK_DV=16, BLOCK_DE=16)
+    expected = (do.double() * o.double()).sum(-1) + (doe.double() * oe.double()).sum(-1)
+    torch.testing.assert_close(delta.double(), expected, rtol=1e-6, atol=1e-5)
 
 
 def test_a_wider_e_is_refused_by_the_plain_kernel_and_a_narrower_by_both():

@@ -35,6 +35,7 @@ MIN_BLOCK = 16
 # Compiled for sm_90 with triton 3.6, fp32 tiles of head dim 128 need 246-312 KB of shared memory
 # at BLOCK 64 (an H100 allows 227 KB) and 118-152 KB at BLOCK 32; bf16/fp16 fit at 64.
 FP32_WIDE = 64  # fp32 with a head dim above this starts at BLOCK 32 on a GPU
+DELTA_ROWS = 16  # query rows per program of the backward's Δ kernel
 
 
 @triton.jit
@@ -181,6 +182,23 @@ def _bwd_dq(
     _store(DQ + b * sq_b + h * sq_h, rows, sq_n, NQ, D, dq, BLOCK_D)
 
 
+def _bwd_delta(
+    O, OE, DO, DOE, DELTA,
+    so_b, so_h, so_n, soe_b, soe_h, soe_n, sdo_b, sdo_h, sdo_n, sdoe_b, sdoe_h, sdoe_n,
+    H, NQ, DV, DE,
+    BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
+):
+    """One query block of one query head: Δ = rowsum(dO ∘ O) + rowsum(dO_e ∘ O_e) in float32."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b, h = pid_bh // H, pid_bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o = _load(O + b * so_b + h * so_h, rows, so_n, NQ, DV, BLOCK_DV).to(tl.float32)
+    do = _load(DO + b * sdo_b + h * sdo_h, rows, sdo_n, NQ, DV, BLOCK_DV).to(tl.float32)
+    oe = _load(OE + b * soe_b + h * soe_h, rows, soe_n, NQ, DE, BLOCK_DE).to(tl.float32)
+    doe = _load(DOE + b * sdoe_b + h * sdoe_h, rows, sdoe_n, NQ, DE, BLOCK_DE).to(tl.float32)
+    tl.store(DELTA + pid_bh * NQ + rows, tl.sum(o * do, 1) + tl.sum(oe * doe, 1), mask=rows < NQ)
+
+
 _CACHE: dict[tuple[str, bool], object] = {}
 
 
@@ -212,6 +230,15 @@ def _interpreting() -> Iterator[None]:
         JITFunction.__call__ = original
 
 
+def _run(fn, grid: tuple[int, int], interpret: bool, *args, **meta) -> None:
+    """Launch ``fn`` on ``grid`` as it is: compiled, or under the interpreter for CPU tensors."""
+    if interpret:
+        with _interpreting():
+            _kernel(fn, True)[grid](*args, **meta)
+    else:
+        _kernel(fn, False)[grid](*args, **meta)
+
+
 _FITTING: dict[tuple, int] = {}  # (kernel, dtype, tile widths) -> the largest block that launched
 
 
@@ -223,8 +250,7 @@ def _launch(fn, rows: int, programs: int, interpret: bool, *args, by: str = "BLO
     and the block that fits is remembered for the kernel, dtype and tile widths. A
     configuration forced by ``tuning.forcing`` (the sweep) runs as given, without retries."""
     if interpret:
-        with _interpreting():
-            _kernel(fn, True)[(triton.cdiv(rows, meta[by]), programs)](*args, **meta)
+        _run(fn, (triton.cdiv(rows, meta[by]), programs), True, *args, **meta)
         return
     forced = tuning.forced(fn.__name__)
     chosen = forced or (tuning.config(fn.__name__, args[0].dtype, meta["BLOCK_D"]) if tuned else None)
@@ -320,6 +346,12 @@ def attention_forward(
     """q (B, H, Nq, d), k (B, Hkv, Nk, d), v (B, Hkv, Nk, dv), e (B, Hkv, Nk, de) ->
     (A·V (B, H, Nq, dv), A·E (B, H, Nq, de), LSE (B, H, Nq) float32). No autograd."""
     check_inputs(q, k, v, e)
+    return _forward(q, k, v, e, scale, block)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, e: Tensor, scale: float | None, block: int | None,
+             ) -> tuple[Tensor, Tensor, Tensor]:
+    """``attention_forward`` on inputs already checked."""
     q, k, v, e = map(_unit_last, (q, k, v, e))
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -340,23 +372,32 @@ def attention_backward(
     q: Tensor, k: Tensor, v: Tensor, e: Tensor, o: Tensor, oe: Tensor, lse: Tensor,
     do: Tensor, doe: Tensor, scale: float | None = None, block: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients (dq, dk, dv, de) of ``attention_forward`` given dO (B, H, Nq, dv), dO_e (.., de)."""
+    """Gradients (dq, dk, dv, de) of ``attention_forward`` given dO (B, H, Nq, dv), dO_e (.., de).
+    A wider e than v (``takes_wide``) is multiplied in v's dtype and gets its gradient in its own
+    dtype, written from the kernel's float32 sums (no half-precision rounding on the way)."""
+    grad_dtype = e.dtype
     # Dense copies: the gradient buffers below are written through these strides, so a sliced
     # or expanded input (layer 0's E is an expand) must not lend them its layout.
-    q, k, v, e, do, doe = (t.contiguous() for t in (q, k, v, e, do.to(v.dtype), doe.to(e.dtype)))
+    q, k, v, e, do, doe = (t.contiguous() for t in (q, k, v, e.to(v.dtype), do.to(v.dtype), doe.to(v.dtype)))
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    # Δ_i = Σ_j P_ij dP_ij = dO_i·O_i + dO_e,i·O_e,i (both value paths), float32 (B, H, Nq).
-    delta = (do.float() * o.float()).sum(-1) + (doe.float() * oe.float()).sum(-1)
-    dq, dk, dv, de = (torch.empty_like(t) for t in (q, k, v, e))
+    interpret = q.device.type == "cpu"
+    meta = _meta(q, k, v, e, block)
+    # Δ_i = Σ_j P_ij dP_ij = dO_i·O_i + dO_e,i·O_e,i (both value paths), float32 (B, H, Nq): one
+    # kernel instead of casts, products and sums; 16 rows a program keep its four tiles in
+    # registers at head dim 128.
+    delta = torch.empty(b, h, nq, device=q.device, dtype=torch.float32)
+    _run(_bwd_delta, (triton.cdiv(nq, DELTA_ROWS), b * h), interpret, o, oe, do, doe, delta,
+         *_strides(o), *_strides(oe), *_strides(do), *_strides(doe), h, nq, v.shape[-1], e.shape[-1],
+         BLOCK_M=DELTA_ROWS, BLOCK_DV=meta["BLOCK_DV"], BLOCK_DE=meta["BLOCK_DE"])
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    de = torch.empty(e.shape, device=e.device, dtype=grad_dtype)  # e's strides: e is dense here
     # Full query blocks: compiled for sm_90 (triton 3.6), dK of a one-query decode step in
     # fp16/bf16 came out wrong (relative error 0.22) with BLOCK_M 16 < BLOCK_N 64.
-    meta = _meta(q, k, v, e, block)
     meta["BLOCK_M"] = meta["BLOCK_N"]
     common = (*_strides(q), *_strides(k), *_strides(v), *_strides(e), *_strides(do), *_strides(doe))
     sizes = (nq, nk, d, v.shape[-1], e.shape[-1], scale)
-    interpret = q.device.type == "cpu"
     _launch(
         _bwd_dkdvde, nk, b * hkv, interpret, q, k, v, e, do, doe, lse, delta, dk, dv, de, *common, h, hkv, h // hkv,
         *sizes, by="BLOCK_N", tuned=block is None, **meta,
@@ -373,12 +414,13 @@ class FusedVEAttention(torch.autograd.Function):
 
     A wider e (TAPE's float32 E beside bf16 q, k, v) is cast to v's dtype for the kernel, and the
     caller's e, which TAPE keeps alive anyway, is saved instead of the cast copy (recast in
-    backward): one (B, Hkv, Nk, de) half-precision tensor less per layer between the passes.
+    backward): one (B, Hkv, Nk, de) half-precision tensor less per layer between the passes. Its
+    gradient comes out in its own dtype from the kernel's float32 sums.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, e, scale, block):  # noqa: D102
-        o, oe, lse = attention_forward(q, k, v, e.to(v.dtype), scale, block)
+        o, oe, lse = _forward(q, k, v, e.to(v.dtype), scale, block)  # fused_attention checked them
         ctx.save_for_backward(q, k, v, e, o, oe, lse)
         ctx.scale, ctx.block = scale, block
         return o, oe
@@ -388,9 +430,8 @@ class FusedVEAttention(torch.autograd.Function):
         q, k, v, e, o, oe, lse = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do
         doe = torch.zeros_like(oe) if doe is None else doe
-        dq, dk, dv, de = attention_backward(q, k, v, e.to(v.dtype), o, oe, lse, do, doe, ctx.scale,
-                                            ctx.block)
-        return dq, dk, dv, de.to(e.dtype), None, None
+        dq, dk, dv, de = attention_backward(q, k, v, e, o, oe, lse, do, doe, ctx.scale, ctx.block)
+        return dq, dk, dv, de, None, None
 
 
 def fused_attention(
