@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")  # CI installs it from requirements.txt; this guards bare machines
 from tape.kernels.triton_attention import (  # noqa: E402
+    attention_backward,
     attention_forward,
     check_inputs,
     fused_attention,
@@ -217,6 +218,31 @@ def test_the_backward_delta_kernel_is_both_paths_row_sums(dtype):
                  BLOCK_M=kernels.DELTA_ROWS, BLOCK_DV=16, BLOCK_DE=16)
     expected = (do.double() * o.double()).sum(-1) + (doe.double() * oe.double()).sum(-1)
     torch.testing.assert_close(delta.double(), expected, rtol=1e-6, atol=1e-5)
+
+
+def test_only_dense_layouts_count_as_dense():
+    from tape.kernels.triton_attention import _dense
+
+    x = torch.zeros(2, 5, 3, 4)
+    assert _dense(x) and _dense(x.transpose(1, 2)) and _dense(x[:1]) and _dense(x[:1, :1])
+    for sliced in (x[:, :1], x[:, 1:], x[..., :2], x[:1].expand(2, 5, 3, 4)):
+        assert not _dense(sliced), sliced.stride()
+
+
+@interpreted
+def test_the_backward_writes_gradients_in_their_inputs_layout():
+    """A transposed projection's v (dense, not contiguous) gets dV in its own layout, no copy on
+    the way in or out; an expanded e (layer 0's E) is copied and gets a dense dE. Same numbers."""
+    q, k, v, e = (x.float() for x in _inputs(1, 4, 2, 21, 21, 16, 16, 8))
+    v_t = v.transpose(1, 2).contiguous().transpose(1, 2)  # (B, Hkv, N, d) over a (B, N, Hkv, d) buffer
+    e_x = e[:, :1].expand_as(e)
+    o, oe, lse = attention_forward(q, k, v_t, e_x, block=16)
+    do, doe = torch.randn_like(o), torch.randn_like(oe)
+    ours = attention_backward(q, k, v_t, e_x, o, oe, lse, do, doe, block=16)
+    dense = attention_backward(q, k, v_t.contiguous(), e_x.contiguous(), o, oe, lse, do, doe, block=16)
+    assert ours[2].stride() == v_t.stride() and ours[3].is_contiguous()
+    for got, want in zip(ours, dense):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_a_wider_e_is_refused_by_the_plain_kernel_and_a_narrower_by_both():

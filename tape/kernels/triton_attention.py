@@ -301,6 +301,17 @@ def _unit_last(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _dense(x: Tensor) -> bool:
+    """Every element of x's storage span belongs to x exactly once (contiguous up to a
+    permutation of its dims): a buffer with x's strides can hold a tensor of x's shape."""
+    span = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(x.shape, x.stride()) if sz > 1):
+        if stride != span:
+            return False
+        span *= size
+    return True
+
+
 def takes_wide(e: Tensor, v: Tensor) -> bool:
     """``fused_attention`` takes this e as it is, wider than v (TAPE's float32 E beside half
     values), casting it inside and saving it uncast."""
@@ -376,9 +387,11 @@ def attention_backward(
     A wider e than v (``takes_wide``) is multiplied in v's dtype and gets its gradient in its own
     dtype, written from the kernel's float32 sums (no half-precision rounding on the way)."""
     grad_dtype = e.dtype
-    # Dense copies: the gradient buffers below are written through these strides, so a sliced
-    # or expanded input (layer 0's E is an expand) must not lend them its layout.
-    q, k, v, e, do, doe = (t.contiguous() for t in (q, k, v, e.to(v.dtype), do.to(v.dtype), doe.to(v.dtype)))
+    # The gradient buffers below are written through q's, k's, v's and e's strides: an input
+    # that is dense (a transposed projection too) lends them its layout, and the gradient leaves
+    # in the layout its input came in; a sliced or expanded one (layer 0's E) is copied first.
+    q, k, v, e = (_unit_last(t) if _dense(t) else t.contiguous() for t in (q, k, v, e.to(v.dtype)))
+    do, doe = _unit_last(do.to(v.dtype)), _unit_last(doe.to(v.dtype))  # only read
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -391,8 +404,8 @@ def attention_backward(
     _run(_bwd_delta, (triton.cdiv(nq, DELTA_ROWS), b * h), interpret, o, oe, do, doe, delta,
          *_strides(o), *_strides(oe), *_strides(do), *_strides(doe), h, nq, v.shape[-1], e.shape[-1],
          BLOCK_M=DELTA_ROWS, BLOCK_DV=meta["BLOCK_DV"], BLOCK_DE=meta["BLOCK_DE"])
-    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    de = torch.empty(e.shape, device=e.device, dtype=grad_dtype)  # e's strides: e is dense here
+    dq, dk, dv = (torch.empty_strided(t.shape, t.stride(), device=t.device, dtype=t.dtype) for t in (q, k, v))
+    de = torch.empty_strided(e.shape, e.stride(), device=e.device, dtype=grad_dtype)
     # Full query blocks: compiled for sm_90 (triton 3.6), dK of a one-query decode step in
     # fp16/bf16 came out wrong (relative error 0.22) with BLOCK_M 16 < BLOCK_N 64.
     meta["BLOCK_M"] = meta["BLOCK_N"]
