@@ -68,6 +68,7 @@ gpu-measure:  ## The longer GPU measurements (step profiles, attention sweep, au
 gpu-page:  ## Render results/gpu.md from every results/gpu-check/ window (refused unless each ran on a GPU)
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check --render results/gpu.md
 gpu-unpack:  ## Put a window packed on a device (--pack; ARCHIVE=<path>/<time>.tar.gz) into results/gpu-check/; then make gpu-page
+	$(if $(ARCHIVE),,$(error make gpu-unpack needs ARCHIVE=<path>/<time>.tar.gz, the file gpu_check --pack wrote))
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check --unpack $(ARCHIVE)
 .PHONY: gpu-check gpu-measure gpu-page gpu-unpack
 

@@ -595,6 +595,8 @@ def unpack_window(archive: Path, records: Path) -> Path:
     """Extract a window packed by ``pack_window`` into ``records/<time>/`` and return that folder.
     Refuses an archive that is not one window with its summary.json, and a window already in
     ``records`` (records are never overwritten)."""
+    if not archive.is_file():
+        raise SystemExit(f"{archive}: no such file; pass the <time>.tar.gz that gpu_check --pack wrote")
     with tarfile.open(archive) as tar:
         names = tar.getnames()
         tops = {Path(n).parts[0] for n in names}

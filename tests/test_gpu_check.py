@@ -149,6 +149,8 @@ def test_unpack_never_overwrites_a_window_and_refuses_what_is_not_one(tmp_path: 
     with pytest.raises(SystemExit, match="not one gpu-check window"):
         gpu_check.unpack_window(stray, records)
     assert not (records / "20261126-000001").exists()
+    with pytest.raises(SystemExit, match="no such file"):
+        gpu_check.unpack_window(tmp_path / "missing.tar.gz", records)
 
 
 def summary(tmp_path: Path, gpu: bool, stamp: str = "20261126-000000", fsdp_passed: bool = False) -> Path:
