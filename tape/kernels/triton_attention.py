@@ -263,7 +263,7 @@ def _launch(fn, rows: int, programs: int, interpret: bool, *args, by: str = "BLO
         meta = {**meta, "BLOCK_M": block_m, "BLOCK_N": chosen.block_n}
         launch = dict(num_warps=chosen.num_warps, num_stages=chosen.num_stages)
     if forced is not None:
-        _kernel(fn, False)[(triton.cdiv(rows, meta[by]), programs)](*args, **meta, **launch)
+        _run(fn, (triton.cdiv(rows, meta[by]), programs), False, *args, **meta, **launch)
         return
     key = (fn.__name__, args[0].dtype, meta["BLOCK_D"], meta["BLOCK_DV"], meta["BLOCK_DE"])
     block = min(meta["BLOCK_N"], _FITTING.get(key, meta["BLOCK_N"]))
@@ -271,7 +271,7 @@ def _launch(fn, rows: int, programs: int, interpret: bool, *args, by: str = "BLO
     while True:
         sized = {**meta, "BLOCK_M": min(meta["BLOCK_M"], block * ratio), "BLOCK_N": block}
         try:
-            _kernel(fn, False)[(triton.cdiv(rows, sized[by]), programs)](*args, **sized, **launch)
+            _run(fn, (triton.cdiv(rows, sized[by]), programs), False, *args, **sized, **launch)
         except OutOfResources:
             if block <= MIN_BLOCK:
                 raise
