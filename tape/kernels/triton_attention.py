@@ -128,7 +128,10 @@ def _bwd_dkdvde(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     de = tl.zeros([BLOCK_N, BLOCK_DE], tl.float32)
-    # The first query that sees key j is j - (NK - NQ); start at its block.
+    # The first query that sees key j is j - (NK - NQ); start at its block. The loop works on
+    # transposed tiles, keys by queries (N, M): k, v and e stay the left operands of every product
+    # (loaded once), q, dO and dO_e enter as right operands read in place, and Pᵀ, dSᵀ come out
+    # of the products already in the orientation dK, dV and dE need (no transposes of P or dS).
     lo = tl.maximum(pid_n * BLOCK_N - (NK - NQ), 0) // BLOCK_M * BLOCK_M
     for g in range(0, GROUPS):
         h = hk * GROUPS + g
@@ -139,12 +142,14 @@ def _bwd_dkdvde(
             doe = _load(DOE + b * sdoe_b + h * sdoe_h, rows, sdoe_n, NQ, DE, BLOCK_DE)  # (M, DE)
             lse = tl.load(LSE + (b * H + h) * NQ + rows, mask=rows < NQ, other=0.0)
             delta = tl.load(DELTA + (b * H + h) * NQ + rows, mask=rows < NQ, other=0.0)
-            p = _probs(q, k, lse, rows, cols, NQ, NK, scale, PREC, UPCAST)  # (M, N)
-            dv += _mm(tl.trans(p.to(do.dtype)), do, PREC, UPCAST)
-            de += _mm(tl.trans(p.to(doe.dtype)), doe, PREC, UPCAST)
-            dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
-            ds = p * (dp - delta[:, None]) * scale  # (M, N): both value paths
-            dk += _mm(tl.trans(ds.to(q.dtype)), q, PREC, UPCAST)
+            s_t = _mm(k, tl.trans(q), PREC, UPCAST) * scale  # (N, M) float32
+            visible = (rows[None, :] < NQ) & (cols[:, None] < NK) & (cols[:, None] <= rows[None, :] + NK - NQ)
+            p_t = tl.where(visible, tl.exp(s_t - lse[None, :]), 0.0)  # Pᵀ
+            dv += _mm(p_t.to(do.dtype), do, PREC, UPCAST)
+            de += _mm(p_t.to(doe.dtype), doe, PREC, UPCAST)
+            dp_t = _mm(v, tl.trans(do), PREC, UPCAST) + _mm(e, tl.trans(doe), PREC, UPCAST)  # dPᵀ
+            ds_t = p_t * (dp_t - delta[None, :]) * scale  # (N, M): both value paths
+            dk += _mm(ds_t.to(q.dtype), q, PREC, UPCAST)
     _store(DK + b * sk_b + hk * sk_h, cols, sk_n, NK, D, dk, BLOCK_D)
     _store(DV_ + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, dv, BLOCK_DV)
     _store(DE_ + b * se_b + hk * se_h, cols, se_n, NK, DE, de, BLOCK_DE)
