@@ -70,7 +70,9 @@ gpu-page:  ## Render results/gpu.md from every results/gpu-check/ window (refuse
 gpu-unpack:  ## Put a window packed on a device (--pack; ARCHIVE=<path>/<time>.tar.gz) into results/gpu-check/; then make gpu-page
 	$(if $(ARCHIVE),,$(error make gpu-unpack needs ARCHIVE=<path>/<time>.tar.gz, the file gpu_check --pack wrote))
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check --unpack $(ARCHIVE)
-.PHONY: gpu-check gpu-measure gpu-page gpu-unpack
+kernel-report:  ## The Triton kernels compiled for sm_90 here, no GPU needed: registers, spills, shared memory, inner-loop ops (ARGS="--dtypes float32 --configs m64-n64-w8-s2")
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m tape.kernels.aot $(ARGS)
+.PHONY: gpu-check gpu-measure gpu-page gpu-unpack kernel-report
 
 # wheelhouse: wheels for a GPU node without network (Python $(PY)); install there with
 #   pip install --no-index --find-links .whl hydra-core omegaconf   (WITH="wandb==0.31.0 ..." for more)
