@@ -199,6 +199,22 @@ def _wide_e_run(device: str, dtype: torch.dtype) -> None:
 
 
 @interpreted
+def test_the_interpreter_leaves_triton_language_as_it_found_it():
+    """Triton's library functions run interpreted patch triton.language and never undo it: every
+    later compile in the process failed (a CPU test, then a GPU or sm_90 compile)."""
+    import triton.language as tl
+
+    owners = [tl, tl.core, tl.math, tl.core.tensor]
+    before = [dict(vars(owner)) for owner in owners]
+    q, k, v, e = (x.requires_grad_() for x in _inputs(1, 2, 1, 20, 20, 16, 16, 16, seed=3))
+    o, oe = fused_attention(q.float(), k.float(), v.float(), e.float())
+    (o.sum() + oe.sum()).backward()
+    for owner, attrs in zip(owners, before):
+        changed = sorted(n for n in set(attrs) | set(vars(owner)) if vars(owner).get(n) is not attrs.get(n))
+        assert not changed, f"{owner.__name__}: {changed[:5]}"
+
+
+@interpreted
 def test_a_float32_e_beside_bf16_inputs_is_saved_not_copied():
     _wide_e_run("cpu", torch.bfloat16)
 

@@ -222,8 +222,11 @@ def _interpreting() -> Iterator[None]:
     With TRITON_INTERPRET=1 set before triton is imported they are interpreted functions already;
     otherwise (triton imported earlier, e.g. by Lightning) they are compiled-only JITFunctions, so
     for the duration of the launch a call to one runs its Python body as the interpreter does.
+    Such a call patches ``triton.language`` for the interpreter and never undoes it, which broke
+    every later compile in the process; the patched modules and classes are put back here.
     """
     original = JITFunction.__call__
+    saved = [(owner, dict(vars(owner))) for owner in _language_owners()]
 
     def call(self, *args, **kwargs):
         return _kernel(self.fn, True)(*args, **kwargs)
@@ -233,6 +236,24 @@ def _interpreting() -> Iterator[None]:
         yield
     finally:
         JITFunction.__call__ = original
+        for owner, attrs in saved:
+            _restore_attrs(owner, attrs)
+
+
+def _language_owners() -> list:
+    """The modules and classes of ``triton.language`` the interpreter patches."""
+    core = tl.core
+    owners = [tl, core, tl.math, core.tensor, getattr(core, "tensor_descriptor_base", None)]
+    return list({id(o): o for o in owners if o is not None}.values())
+
+
+def _restore_attrs(owner, attrs: dict) -> None:
+    """Give ``owner`` back exactly the attributes ``attrs`` held."""
+    for name in [n for n in vars(owner) if n not in attrs]:
+        delattr(owner, name)
+    for name, value in attrs.items():
+        if vars(owner).get(name) is not value:
+            setattr(owner, name, value)
 
 
 def _run(fn, grid: tuple[int, int], interpret: bool, *args, **meta) -> None:
