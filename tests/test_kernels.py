@@ -112,6 +112,18 @@ def test_dq_dk_carry_the_e_path():
     assert ref[0].grad.abs().max() > 1e-3 and ref[1].grad.abs().max() > 1e-3
 
 
+# (Nq, Nk): query and key counts on both sides of 16-row block edges, keys offset by whole
+# blocks, part blocks and none, so that each kernel runs blocks every row sees (no mask), blocks
+# on the diagonal (masked) and tails of both.
+BLOCK_EDGES = [(16, 16), (17, 17), (33, 33), (48, 48), (15, 31), (16, 32), (17, 50), (31, 47), (2, 49), (40, 41)]
+
+
+@interpreted
+@pytest.mark.parametrize("nq, nk", BLOCK_EDGES, ids=[f"{a}x{b}" for a, b in BLOCK_EDGES])
+def test_masked_and_unmasked_blocks_split_where_causality_says(nq, nk):
+    _compare((1, 2, 1, nq, nk, 16, 16, 8), block=16, seed=nq + nk)
+
+
 @interpreted
 @settings(max_examples=6, deadline=None)
 @given(

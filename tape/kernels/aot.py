@@ -45,6 +45,7 @@ class Compiled:
     config: str
     registers: int
     stack_bytes: int  # per thread: spilled registers and local arrays
+    loop_spills: int  # local-memory loads and stores (STL/LDL) inside the machine code's loops
     shared_bytes: int
     loops: list[dict[str, int]] = field(default_factory=list)  # innermost loops, in program order
 
@@ -106,22 +107,32 @@ def compile_kernel(kernel: str, dtype: str, head_dim: int, config: LaunchConfig)
     compiled = triton.compile(ASTSource(jit, signature, constexprs, attrs), target=GPUTarget("cuda", ARCH, 32),
                               options=dict(num_warps=config.num_warps, num_stages=config.num_stages,
                                            enable_fp_fusion=True))  # a launch's default
-    registers, stack = _resources(compiled.asm["cubin"])
-    return Compiled(kernel, dtype, head_dim, config.label, registers, stack, int(compiled.metadata.shared),
-                    innermost_loops(compiled.asm["ttgir"]))
+    registers, stack, loop_spills = _resources(compiled.asm["cubin"])
+    return Compiled(kernel, dtype, head_dim, config.label, registers, stack, loop_spills,
+                    int(compiled.metadata.shared), innermost_loops(compiled.asm["ttgir"]))
 
 
-def _resources(cubin: bytes) -> tuple[int, int]:
-    """(registers per thread, stack bytes per thread) of a cubin, as cuobjdump reports them."""
+def _resources(cubin: bytes) -> tuple[int, int, int]:
+    """(registers per thread, stack bytes per thread, spill instructions inside loops) of a cubin:
+    cuobjdump's resource usage, and its SASS, where a loop is a backward branch's span."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        report = subprocess.run([str(_bin("cuobjdump")), "-res-usage", f.name], capture_output=True, text=True,
-                                check=True).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+)", report)
+        usage, sass = (subprocess.run([str(_bin("cuobjdump")), flag, f.name], capture_output=True, text=True,
+                                      check=True).stdout for flag in ("-res-usage", "-sass"))
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     if found is None:
-        raise RuntimeError(f"cuobjdump printed no resource usage:\n{report}")
-    return int(found.group(1)), int(found.group(2))
+        raise RuntimeError(f"cuobjdump printed no resource usage:\n{usage}")
+    return int(found.group(1)), int(found.group(2)), loop_spills(sass)
+
+
+def loop_spills(sass: str) -> int:
+    """Local-memory loads and stores (register spills) between a backward branch and its target."""
+    code = [(int(m.group(1), 16), line) for line in sass.splitlines()
+            if (m := re.search(r"/\*([0-9a-f]{4,})\*/", line))]
+    loops = [(int(m.group(1), 16), at) for at, line in code
+             if (m := re.search(r"\bBRA\b.*?\b(0x[0-9a-f]+)", line)) and int(m.group(1), 16) < at]
+    return sum(any(lo <= at <= hi for lo, hi in loops) for at, line in code if re.search(r"\b(STL|LDL)\b", line))
 
 
 def innermost_loops(ttgir: str) -> list[dict[str, int]]:
@@ -164,15 +175,15 @@ def report(dtypes: Sequence[str] = ("bfloat16",), head_dims: Sequence[int] = (64
 
 def markdown(rows: Sequence[Compiled]) -> str:
     """The report as a markdown table, one row per compiled kernel."""
-    head = ("| kernel | dtype | head dim | config | registers | stack B | shared B (fits 227 KiB) "
+    head = ("| kernel | dtype | head dim | config | registers | stack B | spills in loops | shared B (fits 227 KiB) "
             "| innermost loops: wgmma / shared stores / register transposes / layout conversions / compares |\n"
-            "|---|---|---|---|---|---|---|---|")
+            "|---|---|---|---|---|---|---|---|---|")
     body = []
     for r in rows:
         loops = "; ".join(f"{lp['wgmma'] + lp['dot']} / {lp['shared_stores']} / {lp['register_transposes']} / "
                           f"{lp['layout_conversions']} / {lp['compares']}" for lp in r.loops)
         body.append(f"| {r.kernel} | {r.dtype} | {r.head_dim} | {r.config} | {r.registers} | {r.stack_bytes} "
-                    f"| {r.shared_bytes} ({'yes' if r.fits else 'NO'}) | {loops} |")
+                    f"| {r.loop_spills} | {r.shared_bytes} ({'yes' if r.fits else 'NO'}) | {loops} |")
     return "\n".join([head, *body])
 
 

@@ -8,7 +8,8 @@ Backward recomputes P = exp(S - LSE) and sums both paths in dS = P ∘ (dO·Vᵀ
 (the official kernel drops it, tape-spec C.1). dk, dV and dE are summed over each key/value
 head's query group inside one program (no atomics), so grouped-query attention is exact.
 
-Causal masking is lower-right aligned (query i sees keys j <= i + Nk - Nq, as for a KV cache).
+Causal masking is lower-right aligned (query i sees keys j <= i + Nk - Nq, as for a KV cache);
+the forward and dQ loops take the key blocks every row of their query block sees without it.
 Inputs may be float32, float16 or bfloat16 (products accumulate in float32); head dims up to 128
 and any lengths (tails are masked). CUDA tensors run compiled; CPU tensors run under the Triton
 interpreter (slow: for tests and for proving the kernel on machines without a GPU).
@@ -65,11 +66,42 @@ def _store(base, rows, stride, n_rows, width, value, BLOCK_W: tl.constexpr):
 
 
 @triton.jit
-def _probs(q, k, lse, rows, cols, NQ, NK, scale, PREC: tl.constexpr, UPCAST: tl.constexpr):
-    """P = exp(q kᵀ · scale - LSE) (M, N) float32, 0 where masked (lower-right causal)."""
-    s = _mm(q, tl.trans(k), PREC, UPCAST) * scale
-    visible = (rows[:, None] < NQ) & (cols[None, :] < NK) & (cols[None, :] <= rows[:, None] + NK - NQ)
-    return tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+def _visible(rows, cols, NQ, NK):
+    """(M, N) lower-right causal mask of query rows by key cols; keys from NK on are hidden."""
+    return (cols[None, :] < NK) & (cols[None, :] <= rows[:, None] + NK - NQ)
+
+
+@triton.jit
+def _key_blocks(pid_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key range of query block pid_m: every one of its rows sees the keys before ``full`` (a
+    multiple of BLOCK_N), none sees a key from ``end`` on."""
+    end = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
+    full = tl.minimum(pid_m * BLOCK_M + NK - NQ + 1, NK) // BLOCK_N * BLOCK_N
+    return full, end
+
+
+@triton.jit
+def _fwd_keys(acc_v, acc_e, l_i, m_i, q, K, V, E, sk_n, sv_n, se_n, rows, start, end, NQ, NK, D, DV, DE, scale,
+              MASKED: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr):
+    """The online softmax of one query block over key blocks [start, end); MASKED applies the
+    causal and length masks, which key blocks every row sees need not pay for."""
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = _load(K, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
+        v = _load(V, cols, sv_n, NK, DV, BLOCK_DV)  # (N, DV)
+        e = _load(E, cols, se_n, NK, DE, BLOCK_DE)  # (N, DE)
+        s = _mm(q, tl.trans(k), PREC, UPCAST) * scale  # (M, N) float32
+        if MASKED:
+            s = tl.where(_visible(rows, cols, NQ, NK), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 (first block) is visible to every row
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc_v = acc_v * alpha[:, None] + _mm(p.to(v.dtype), v, PREC, UPCAST)
+        acc_e = acc_e * alpha[:, None] + _mm(p.to(e.dtype), e, PREC, UPCAST)
+        m_i = m_new
+    return acc_v, acc_e, l_i, m_i
 
 
 def _fwd(
@@ -90,21 +122,14 @@ def _fwd(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc_v = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     acc_e = tl.zeros([BLOCK_M, BLOCK_DE], tl.float32)
-    hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)  # keys past this are masked for every row
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
-        k = _load(K + b * sk_b + hk * sk_h, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
-        v = _load(V + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, BLOCK_DV)  # (N, DV)
-        e = _load(E + b * se_b + hk * se_h, cols, se_n, NK, DE, BLOCK_DE)  # (N, DE)
-        s = _mm(q, tl.trans(k), PREC, UPCAST) * scale  # (M, N) float32
-        s = tl.where((cols[None, :] < NK) & (cols[None, :] <= rows[:, None] + NK - NQ), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 is visible to every row
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc_v = acc_v * alpha[:, None] + _mm(p.to(v.dtype), v, PREC, UPCAST)
-        acc_e = acc_e * alpha[:, None] + _mm(p.to(e.dtype), e, PREC, UPCAST)
-        m_i = m_new
+    k_ptr, v_ptr, e_ptr = K + b * sk_b + hk * sk_h, V + b * sv_b + hk * sv_h, E + b * se_b + hk * se_h
+    full, end = _key_blocks(pid_m, NQ, NK, BLOCK_M, BLOCK_N)
+    acc_v, acc_e, l_i, m_i = _fwd_keys(acc_v, acc_e, l_i, m_i, q, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows,
+                                       0, full, NQ, NK, D, DV, DE, scale,
+                                       False, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
+    acc_v, acc_e, l_i, m_i = _fwd_keys(acc_v, acc_e, l_i, m_i, q, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows,
+                                       full, end, NQ, NK, D, DV, DE, scale,
+                                       True, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
     _store(O + b * so_b + h * so_h, rows, so_n, NQ, DV, acc_v / l_i[:, None], BLOCK_DV)
     _store(OE + b * soe_b + h * soe_h, rows, soe_n, NQ, DE, acc_e / l_i[:, None], BLOCK_DE)
     tl.store(LSE + pid_bh * NQ + rows, m_i + tl.log(l_i), mask=rows < NQ)
@@ -132,6 +157,8 @@ def _bwd_dkdvde(
     # transposed tiles, keys by queries (N, M): k, v and e stay the left operands of every product
     # (loaded once), q, dO and dO_e enter as right operands read in place, and Pᵀ, dSᵀ come out
     # of the products already in the orientation dK, dV and dE need (no transposes of P or dS).
+    # Every block is masked: split into unmasked and masked loops as in the forward, this kernel
+    # spilled registers inside its loops at head dim 128 (sm_90, triton 3.6).
     lo = tl.maximum(pid_n * BLOCK_N - (NK - NQ), 0) // BLOCK_M * BLOCK_M
     for g in range(0, GROUPS):
         h = hk * GROUPS + g
@@ -155,6 +182,26 @@ def _bwd_dkdvde(
     _store(DE_ + b * se_b + hk * se_h, cols, se_n, NK, DE, de, BLOCK_DE)
 
 
+@triton.jit
+def _dq_keys(dq, q, do, doe, lse, delta, K, V, E, sk_n, sv_n, se_n, rows, start, end, NQ, NK, D, DV, DE, scale,
+             MASKED: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr):
+    """dQ of one query block over key blocks [start, end); MASKED as in ``_fwd_keys``. Unmasked,
+    rows past NQ add only to rows of dQ that are never stored."""
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = _load(K, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
+        v = _load(V, cols, sv_n, NK, DV, BLOCK_DV)
+        e = _load(E, cols, se_n, NK, DE, BLOCK_DE)
+        p = tl.exp(_mm(q, tl.trans(k), PREC, UPCAST) * scale - lse[:, None])  # (M, N) float32
+        if MASKED:
+            p = tl.where(_visible(rows, cols, NQ, NK) & (rows[:, None] < NQ), p, 0.0)
+        dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
+        ds = p * (dp - delta[:, None]) * scale
+        dq += _mm(ds.to(k.dtype), k, PREC, UPCAST)
+    return dq
+
+
 def _bwd_dq(
     Q, K, V, E, DO, DOE, LSE, DELTA, DQ,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
@@ -174,16 +221,12 @@ def _bwd_dq(
     lse = tl.load(LSE + pid_bh * NQ + rows, mask=rows < NQ, other=0.0)
     delta = tl.load(DELTA + pid_bh * NQ + rows, mask=rows < NQ, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    hi = tl.minimum(NK, (pid_m + 1) * BLOCK_M + NK - NQ)
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
-        k = _load(K + b * sk_b + hk * sk_h, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
-        v = _load(V + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, BLOCK_DV)
-        e = _load(E + b * se_b + hk * se_h, cols, se_n, NK, DE, BLOCK_DE)
-        p = _probs(q, k, lse, rows, cols, NQ, NK, scale, PREC, UPCAST)
-        dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
-        ds = p * (dp - delta[:, None]) * scale
-        dq += _mm(ds.to(k.dtype), k, PREC, UPCAST)
+    k_ptr, v_ptr, e_ptr = K + b * sk_b + hk * sk_h, V + b * sv_b + hk * sv_h, E + b * se_b + hk * se_h
+    full, end = _key_blocks(pid_m, NQ, NK, BLOCK_M, BLOCK_N)
+    dq = _dq_keys(dq, q, do, doe, lse, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, 0, full,
+                  NQ, NK, D, DV, DE, scale, False, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
+    dq = _dq_keys(dq, q, do, doe, lse, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, full, end,
+                  NQ, NK, D, DV, DE, scale, True, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
     _store(DQ + b * sq_b + h * sq_h, rows, sq_n, NQ, D, dq, BLOCK_D)
 
 

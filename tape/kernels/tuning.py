@@ -34,7 +34,9 @@ class LaunchConfig:
 
 # (kernel, dtype, head-dim tile) -> the measured best: one H100 80GB, 2026-11-27, batch 2, 16 heads,
 # N = 2048 (results/gpu-check/20261127-100334). Only dK/dV/dE at head dim 128 beats the default
-# (warps 4, stages 3) by more than noise; the rest record that the default was best.
+# (warps 4, stages 3) by more than noise; the rest record that the default was best. Measured on
+# the kernels before 2026-11-28's transposed dK/dV/dE loop and unmasked blocks: `make gpu-measure`
+# retunes them.
 TUNED: dict[tuple[str, str, int], LaunchConfig] = {
     ("_fwd", "bfloat16", 64): LaunchConfig(64, 64, 4, 3),  # 0.107 ms, default 0.107
     ("_bwd_dkdvde", "bfloat16", 64): LaunchConfig(64, 64, 4, 3),  # 0.533 ms, default 0.535
