@@ -81,14 +81,16 @@ JOBS = 4
 @dataclass(frozen=True)
 class Check:
     """One step: a command, its time limit (seconds), whether it times anything (timed steps run
-    alone on the GPU; the others run ``--jobs`` at a time) and its suite: ``core`` is the proof
-    (``make gpu-check``, at most 8 minutes), ``measure`` the longer measurements (``make gpu-measure``)."""
+    alone on the GPU; the others run ``--jobs`` at a time, the longest expected first), its suite:
+    ``core`` is the proof (``make gpu-check``, at most 8 minutes), ``measure`` the longer
+    measurements (``make gpu-measure``)."""
 
     name: str
     argv: tuple[str, ...]
     limit_s: int
     timed: bool = False
     suite: str = "core"
+    expected_s: int = 30  # wall time on a GPU (earlier windows; an estimate where none ran it)
 
 
 @dataclass
@@ -111,21 +113,23 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
     pytest_cuda = (*py, "-m", "pytest", "-q", "-m", "cuda", *workers, "--durations=10")
     tables = record_dir or runs_dir  # the benchmarks' small tables travel with the window's record
     core = [Check("every encoding, cached decoding, add_tape on CUDA (pytest -m cuda tests/test_cuda_paths.py)",
-                  (*pytest_cuda, PATHS_TESTS), 180),
-            Check("kernel and training step (pytest -m cuda)", (*pytest_cuda, "tests", f"--ignore={PATHS_TESTS}"), 240),
-            Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120)]
+                  (*pytest_cuda, PATHS_TESTS), 180, expected_s=90),
+            Check("kernel and training step (pytest -m cuda)", (*pytest_cuda, "tests", f"--ignore={PATHS_TESTS}"), 240,
+                  expected_s=155),
+            Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120, expected_s=20)]
     for exp in SMOKE_EXPERIMENTS:
         core.append(Check(f"train {exp}/smoke, bf16-mixed", (*py, "-m", "pipelines.train", f"experiment={exp}/smoke",
                                                             *GPU, f"paths.runs_dir={runs_dir}"), 180))
     core += [
         Check("train addition/smoke, FSDP on one GPU, clipping on",
               (*py, "-m", "pipelines.train", "experiment=addition/smoke", "trainer=fsdp", "trainer.devices=1",
-               "logger=csv", "trainer.gradient_clip_val=0.5", f"paths.runs_dir={runs_dir / 'fsdp'}"), 180),
+               "logger=csv", "trainer.gradient_clip_val=0.5", f"paths.runs_dir={runs_dir / 'fsdp'}"), 180,
+              expected_s=20),
         Check("train TAPE on addition/smoke through torch.compile (compile=true), bf16-mixed",
               (*py, "-m", "pipelines.train", "experiment=addition/smoke", "pe=tape", "compile=true", *GPU,
-               f"paths.runs_dir={runs_dir / 'compiled'}"), 300),
+               f"paths.runs_dir={runs_dir / 'compiled'}"), 300, expected_s=120),
         Check("train, interrupt, resume, evaluate addition/smoke on CUDA",
-              (*py, "-m", "pipelines.gpu_check", "resume", "--runs", str(runs_dir / "resume")), 240),
+              (*py, "-m", "pipelines.gpu_check", "resume", "--runs", str(runs_dir / "resume")), 240, expected_s=65),
         Check("TAPE at Llama-2-7B layer shape, N=4096", (*py, "-m", "pipelines.gpu_check", "llama7b"), 240, timed=True),
         Check("throughput of the paper presets, random weights",
               (*py, "-m", "pipelines.gpu_check", "throughput"), 480, timed=True),
@@ -151,7 +155,9 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
     ]
     measure = [Check(c.name, c.argv, c.limit_s, timed=True, suite="measure") for c in measure]
     chosen = {"core": core, "measure": measure, "all": core + measure}[suite]
-    return sorted(chosen, key=lambda c: c.timed)  # stable: the untimed proofs first, in their order
+    # the untimed proofs first, the longest expected first (so the side-by-side group ends
+    # soonest), then the timed steps in their order
+    return sorted(chosen, key=lambda c: (c.timed, 0 if c.timed else -c.expected_s))
 
 
 def run_check(check: Check, log: Path, limit_s: float | None = None, threads: int | None = None) -> Outcome:

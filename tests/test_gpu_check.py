@@ -28,9 +28,10 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
         assert f"experiment={preset} logger=csv trainer.max_steps=50" in out
     assert "pipelines.gpu_check resume --runs" in out and "pipelines.gpu_check throughput" in out
     assert "tape.bench.step_profile" in out
-    lines = out.splitlines()  # the cheapest proofs first; the kernel tests are not run twice
-    assert "tests/test_cuda_paths.py" in lines[0] and "--ignore" not in lines[0]
-    assert "--ignore=tests/test_cuda_paths.py" in lines[1]
+    lines = out.splitlines()  # the kernel tests are not run twice
+    paths = next(line for line in lines if "every encoding" in line)
+    assert paths.rstrip().endswith("tests/test_cuda_paths.py") and "--ignore" not in paths
+    assert "--ignore=tests/test_cuda_paths.py" in next(line for line in lines if "kernel and training step" in line)
     # the benchmark's tables land in the window's record, which comes back with its summary
     bench = next(line for line in lines if "pipelines.benchmark" in line)
     assert "output_dir=results/gpu-check/" in bench and bench.rstrip().endswith("/benchmark")
@@ -49,6 +50,12 @@ def test_the_core_suite_is_the_proof_and_times_alone_after_the_proofs(tmp_path: 
     assert not any(w in names for w in ("profiler", "by length", "autotune", "time 50 steps"))
     timed = [c.timed for c in core]
     assert timed == sorted(timed) and timed.count(True) == 3  # llama7b, throughput, benchmark
+    side_by_side = [c.expected_s for c in core if not c.timed]
+    assert side_by_side == sorted(side_by_side, reverse=True)  # the longest start first
+    assert "kernel and training step" in core[0].name
+    assert [c.name for c in core if c.timed] == ["TAPE at Llama-2-7B layer shape, N=4096",
+                                                 "throughput of the paper presets, random weights",
+                                                 "benchmark at the paper's shape"]
     bench = next(c for c in core if "benchmark" in c.name)
     assert "pes=[tape,rope,fire,t5]" in bench.argv  # paper Table 4's columns
     measure = gpu_check.checks(tmp_path, suite="measure")
