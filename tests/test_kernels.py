@@ -90,6 +90,7 @@ SHAPES = {
     "decode: one query against a cache": (1, 4, 2, 1, 37, 16, 16, 16),
     "prefill after a cache (lower-right causal)": (1, 2, 1, 19, 50, 16, 16, 8),
     "odd head dims, E wider than V": (1, 3, 1, 17, 17, 24, 20, 40),
+    "heads wider than 64 (dK/dV/dE in one masked loop)": (1, 2, 1, 33, 40, 72, 72, 72),
 }
 
 
@@ -433,6 +434,15 @@ def test_an_explicit_block_or_another_dtype_ignores_the_table(recorded):
     kernels._launch(kernels._fwd, 100, 4, False, torch.zeros(1, dtype=torch.bfloat16), tuned=True, **META)
     for _, meta in fake.launches:
         assert (meta["BLOCK_M"], meta["BLOCK_N"]) == (32, 32) and "num_warps" not in meta
+
+
+def test_fp16_takes_bf16s_measured_config_and_fp32_does_not(monkeypatch):
+    from tape.kernels import tuning
+
+    monkeypatch.setattr(tuning, "TUNED", {("_bwd_dkdvde", "bfloat16", 128): tuning.LaunchConfig(64, 64, 8, 2)})
+    assert tuning.config("_bwd_dkdvde", torch.float16, 128) == tuning.LaunchConfig(64, 64, 8, 2)
+    assert tuning.config("_bwd_dkdvde", torch.float32, 128) is None
+    assert tuning.config("_bwd_dkdvde", torch.float16, 64) is None
 
 
 def test_a_forced_config_runs_as_given_without_fallback(recorded):

@@ -22,7 +22,7 @@ import torch
 import triton
 
 from tape.kernels import triton_attention as ta
-from tape.kernels.tuning import KERNELS, TUNED, LaunchConfig
+from tape.kernels.tuning import KERNELS, LaunchConfig, config
 
 ARCH = 90  # sm_90: H100 and H200
 SHARED_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
@@ -160,16 +160,16 @@ def _closes_loop(lines: list[str], end: int, start: int) -> bool:
 
 def report(dtypes: Sequence[str] = ("bfloat16",), head_dims: Sequence[int] = (64, 128),
            configs: Sequence[LaunchConfig] | None = None) -> list[Compiled]:
-    """Every kernel at each dtype and head dim: the tuned configuration (else the default block,
-    warps 4, stages 3), and ``configs`` when given."""
+    """Every kernel at each dtype and head dim: the configuration a launch takes (``tuning.config``,
+    else the default block with warps 4, stages 3), and ``configs`` when given."""
     out = []
     for dtype in dtypes:
         for head_dim in head_dims:
             for kernel in KERNELS:
                 block = ta.default_block("cuda", getattr(torch, dtype), ta._block(head_dim))
-                tuned = TUNED.get((kernel, dtype, ta._block(head_dim)), LaunchConfig(block, block))
-                for config in dict.fromkeys([tuned, *(configs or ())]):
-                    out.append(compile_kernel(kernel, dtype, head_dim, config))
+                tuned = config(kernel, getattr(torch, dtype), ta._block(head_dim)) or LaunchConfig(block, block)
+                for launch in dict.fromkeys([tuned, *(configs or ())]):
+                    out.append(compile_kernel(kernel, dtype, head_dim, launch))
     return out
 
 

@@ -9,7 +9,8 @@ Backward recomputes P = exp(S - LSE) and sums both paths in dS = P ∘ (dO·Vᵀ
 head's query group inside one program (no atomics), so grouped-query attention is exact.
 
 Causal masking is lower-right aligned (query i sees keys j <= i + Nk - Nq, as for a KV cache);
-the forward and dQ loops take the key blocks every row of their query block sees without it.
+blocks every row of a tile sees run without the mask (dK/dV/dE: at head dims up to 64).
+Softmax runs in base 2 (exp2 of S · scale · log2(e)); LSE is stored as a natural log.
 Inputs may be float32, float16 or bfloat16 (products accumulate in float32); head dims up to 128
 and any lengths (tails are masked). CUDA tensors run compiled; CPU tensors run under the Triton
 interpreter (slow: for tests and for proving the kernel on machines without a GPU).
@@ -37,6 +38,8 @@ MIN_BLOCK = 16
 # at BLOCK 64 (an H100 allows 227 KB) and 118-152 KB at BLOCK 32; bf16/fp16 fit at 64.
 FP32_WIDE = 64  # fp32 with a head dim above this starts at BLOCK 32 on a GPU
 DELTA_ROWS = 16  # query rows per program of the backward's Δ kernel
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E): the kernels exponentiate in base 2
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -81,22 +84,23 @@ def _key_blocks(pid_m, NQ, NK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _fwd_keys(acc_v, acc_e, l_i, m_i, q, K, V, E, sk_n, sv_n, se_n, rows, start, end, NQ, NK, D, DV, DE, scale,
+def _fwd_keys(acc_v, acc_e, l_i, m_i, q, K, V, E, sk_n, sv_n, se_n, rows, start, end, NQ, NK, D, DV, DE, qk_scale,
               MASKED: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr):
-    """The online softmax of one query block over key blocks [start, end); MASKED applies the
+    """The online softmax of one query block over key blocks [start, end), in base 2 (m_i is
+    the running max of S · scale · log2(e), qk_scale = scale · log2(e)); MASKED applies the
     causal and length masks, which key blocks every row sees need not pay for."""
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         k = _load(K, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
         v = _load(V, cols, sv_n, NK, DV, BLOCK_DV)  # (N, DV)
         e = _load(E, cols, se_n, NK, DE, BLOCK_DE)  # (N, DE)
-        s = _mm(q, tl.trans(k), PREC, UPCAST) * scale  # (M, N) float32
+        s = _mm(q, tl.trans(k), PREC, UPCAST)  # (M, N) float32, unscaled
         if MASKED:
             s = tl.where(_visible(rows, cols, NQ, NK), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: key 0 (first block) is visible to every row
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # finite: key 0 (first block) is visible to every row
+        p = tl.exp2(s * qk_scale - m_new[:, None])  # one fused multiply-add and exp2 an element
+        alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc_v = acc_v * alpha[:, None] + _mm(p.to(v.dtype), v, PREC, UPCAST)
         acc_e = acc_e * alpha[:, None] + _mm(p.to(e.dtype), e, PREC, UPCAST)
@@ -125,14 +129,44 @@ def _fwd(
     k_ptr, v_ptr, e_ptr = K + b * sk_b + hk * sk_h, V + b * sv_b + hk * sv_h, E + b * se_b + hk * se_h
     full, end = _key_blocks(pid_m, NQ, NK, BLOCK_M, BLOCK_N)
     acc_v, acc_e, l_i, m_i = _fwd_keys(acc_v, acc_e, l_i, m_i, q, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows,
-                                       0, full, NQ, NK, D, DV, DE, scale,
+                                       0, full, NQ, NK, D, DV, DE, scale * LOG2E,
                                        False, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
     acc_v, acc_e, l_i, m_i = _fwd_keys(acc_v, acc_e, l_i, m_i, q, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows,
-                                       full, end, NQ, NK, D, DV, DE, scale,
+                                       full, end, NQ, NK, D, DV, DE, scale * LOG2E,
                                        True, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
     _store(O + b * so_b + h * so_h, rows, so_n, NQ, DV, acc_v / l_i[:, None], BLOCK_DV)
     _store(OE + b * soe_b + h * soe_h, rows, soe_n, NQ, DE, acc_e / l_i[:, None], BLOCK_DE)
-    tl.store(LSE + pid_bh * NQ + rows, m_i + tl.log(l_i), mask=rows < NQ)
+    tl.store(LSE + pid_bh * NQ + rows, (m_i + tl.log2(l_i)) * LN2, mask=rows < NQ)  # natural log
+
+
+@triton.jit
+def _dkdvde_queries(dk, dv, de, k, v, e, Q, DO, DOE, LSE, DELTA, sq_n, sdo_n, sdoe_n, cols, start, end,
+                    NQ, NK, D, DV, DE, qk_scale, MASKED: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr):
+    """dK / scale, dV, dE of one key block summed over query blocks [start, end) of one query head.
+
+    Transposed tiles, keys by queries (N, M): k, v and e are the left operands of every product
+    (loaded once), q, dO and dO_e enter as right operands read in place, and Pᵀ, dSᵀ come out of
+    the products in the orientation dK, dV and dE need (no transposes of P or dS). MASKED as in
+    ``_fwd_keys``; unmasked, rows past NQ add nothing (their q, dO, dO_e, LSE and Δ load as 0).
+    """
+    for start_m in range(start, end, BLOCK_M):
+        rows = start_m + tl.arange(0, BLOCK_M)
+        q = _load(Q, rows, sq_n, NQ, D, BLOCK_D)  # (M, D)
+        do = _load(DO, rows, sdo_n, NQ, DV, BLOCK_DV)  # (M, DV)
+        doe = _load(DOE, rows, sdoe_n, NQ, DE, BLOCK_DE)  # (M, DE)
+        lse2 = tl.load(LSE + rows, mask=rows < NQ, other=0.0) * LOG2E
+        delta = tl.load(DELTA + rows, mask=rows < NQ, other=0.0)
+        p_t = tl.exp2(_mm(k, tl.trans(q), PREC, UPCAST) * qk_scale - lse2[None, :])  # Pᵀ (N, M) float32
+        if MASKED:
+            visible = (rows[None, :] < NQ) & (cols[:, None] < NK) & (cols[:, None] <= rows[None, :] + NK - NQ)
+            p_t = tl.where(visible, p_t, 0.0)
+        dv += _mm(p_t.to(do.dtype), do, PREC, UPCAST)
+        de += _mm(p_t.to(doe.dtype), doe, PREC, UPCAST)
+        dp_t = _mm(v, tl.trans(do), PREC, UPCAST) + _mm(e, tl.trans(doe), PREC, UPCAST)  # dPᵀ
+        ds_t = p_t * (dp_t - delta[None, :])  # (N, M): both value paths
+        dk += _mm(ds_t.to(q.dtype), q, PREC, UPCAST)
+    return dk, dv, de
 
 
 def _bwd_dkdvde(
@@ -153,51 +187,48 @@ def _bwd_dkdvde(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     de = tl.zeros([BLOCK_N, BLOCK_DE], tl.float32)
-    # The first query that sees key j is j - (NK - NQ); start at its block. The loop works on
-    # transposed tiles, keys by queries (N, M): k, v and e stay the left operands of every product
-    # (loaded once), q, dO and dO_e enter as right operands read in place, and Pᵀ, dSᵀ come out
-    # of the products already in the orientation dK, dV and dE need (no transposes of P or dS).
-    # Every block is masked: split into unmasked and masked loops as in the forward, this kernel
-    # spilled registers inside its loops at head dim 128 (sm_90, triton 3.6).
+    # The first query that sees key j is j - (NK - NQ): start at its block. Rows from ``full`` on
+    # (the first block whose rows all reach the key block's last key) need no mask; with heads
+    # wider than 64, one masked loop takes them all (split, it spilled registers inside its loops
+    # at head dim 128, sm_90, triton 3.6).
     lo = tl.maximum(pid_n * BLOCK_N - (NK - NQ), 0) // BLOCK_M * BLOCK_M
+    past = tl.maximum(pid_n * BLOCK_N + BLOCK_N - 1 - (NK - NQ) - lo, 0)
+    full = tl.minimum(lo + (past + BLOCK_M - 1) // BLOCK_M * BLOCK_M, NQ)
+    if BLOCK_D > 64 or BLOCK_DV > 64 or BLOCK_DE > 64:
+        full = NQ
+    qk_scale = scale * LOG2E  # Pᵀ = exp2(Sᵀ · scale · log2(e) - LSE · log2(e))
     for g in range(0, GROUPS):
         h = hk * GROUPS + g
-        for start_m in range(lo, NQ, BLOCK_M):
-            rows = start_m + tl.arange(0, BLOCK_M)
-            q = _load(Q + b * sq_b + h * sq_h, rows, sq_n, NQ, D, BLOCK_D)  # (M, D)
-            do = _load(DO + b * sdo_b + h * sdo_h, rows, sdo_n, NQ, DV, BLOCK_DV)  # (M, DV)
-            doe = _load(DOE + b * sdoe_b + h * sdoe_h, rows, sdoe_n, NQ, DE, BLOCK_DE)  # (M, DE)
-            lse = tl.load(LSE + (b * H + h) * NQ + rows, mask=rows < NQ, other=0.0)
-            delta = tl.load(DELTA + (b * H + h) * NQ + rows, mask=rows < NQ, other=0.0)
-            s_t = _mm(k, tl.trans(q), PREC, UPCAST) * scale  # (N, M) float32
-            visible = (rows[None, :] < NQ) & (cols[:, None] < NK) & (cols[:, None] <= rows[None, :] + NK - NQ)
-            p_t = tl.where(visible, tl.exp(s_t - lse[None, :]), 0.0)  # Pᵀ
-            dv += _mm(p_t.to(do.dtype), do, PREC, UPCAST)
-            de += _mm(p_t.to(doe.dtype), doe, PREC, UPCAST)
-            dp_t = _mm(v, tl.trans(do), PREC, UPCAST) + _mm(e, tl.trans(doe), PREC, UPCAST)  # dPᵀ
-            ds_t = p_t * (dp_t - delta[None, :]) * scale  # (N, M): both value paths
-            dk += _mm(ds_t.to(q.dtype), q, PREC, UPCAST)
-    _store(DK + b * sk_b + hk * sk_h, cols, sk_n, NK, D, dk, BLOCK_D)
+        q_ptr, do_ptr, doe_ptr = Q + b * sq_b + h * sq_h, DO + b * sdo_b + h * sdo_h, DOE + b * sdoe_b + h * sdoe_h
+        stats = (b * H + h) * NQ
+        dk, dv, de = _dkdvde_queries(dk, dv, de, k, v, e, q_ptr, do_ptr, doe_ptr, LSE + stats, DELTA + stats,
+                                     sq_n, sdo_n, sdoe_n, cols, lo, full, NQ, NK, D, DV, DE, qk_scale,
+                                     True, PREC, UPCAST, BLOCK_M, BLOCK_D, BLOCK_DV, BLOCK_DE)
+        dk, dv, de = _dkdvde_queries(dk, dv, de, k, v, e, q_ptr, do_ptr, doe_ptr, LSE + stats, DELTA + stats,
+                                     sq_n, sdo_n, sdoe_n, cols, full, NQ, NQ, NK, D, DV, DE, qk_scale,
+                                     False, PREC, UPCAST, BLOCK_M, BLOCK_D, BLOCK_DV, BLOCK_DE)
+    _store(DK + b * sk_b + hk * sk_h, cols, sk_n, NK, D, dk * scale, BLOCK_D)
     _store(DV_ + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, dv, BLOCK_DV)
     _store(DE_ + b * se_b + hk * se_h, cols, se_n, NK, DE, de, BLOCK_DE)
 
 
 @triton.jit
-def _dq_keys(dq, q, do, doe, lse, delta, K, V, E, sk_n, sv_n, se_n, rows, start, end, NQ, NK, D, DV, DE, scale,
+def _dq_keys(dq, q, do, doe, lse2, delta, K, V, E, sk_n, sv_n, se_n, rows, start, end, NQ, NK, D, DV, DE, qk_scale,
              MASKED: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr):
-    """dQ of one query block over key blocks [start, end); MASKED as in ``_fwd_keys``. Unmasked,
-    rows past NQ add only to rows of dQ that are never stored."""
+    """dQ / scale of one query block over key blocks [start, end), with LSE and the scale in
+    base 2 as in ``_fwd_keys``; MASKED as there. Unmasked, rows past NQ add only to rows of dQ
+    that are never stored."""
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         k = _load(K, cols, sk_n, NK, D, BLOCK_D)  # (N, D)
         v = _load(V, cols, sv_n, NK, DV, BLOCK_DV)
         e = _load(E, cols, se_n, NK, DE, BLOCK_DE)
-        p = tl.exp(_mm(q, tl.trans(k), PREC, UPCAST) * scale - lse[:, None])  # (M, N) float32
+        p = tl.exp2(_mm(q, tl.trans(k), PREC, UPCAST) * qk_scale - lse2[:, None])  # (M, N) float32
         if MASKED:
             p = tl.where(_visible(rows, cols, NQ, NK) & (rows[:, None] < NQ), p, 0.0)
         dp = _mm(do, tl.trans(v), PREC, UPCAST) + _mm(doe, tl.trans(e), PREC, UPCAST)
-        ds = p * (dp - delta[:, None]) * scale
+        ds = p * (dp - delta[:, None])
         dq += _mm(ds.to(k.dtype), k, PREC, UPCAST)
     return dq
 
@@ -218,16 +249,16 @@ def _bwd_dq(
     q = _load(Q + b * sq_b + h * sq_h, rows, sq_n, NQ, D, BLOCK_D)
     do = _load(DO + b * sdo_b + h * sdo_h, rows, sdo_n, NQ, DV, BLOCK_DV)
     doe = _load(DOE + b * sdoe_b + h * sdoe_h, rows, sdoe_n, NQ, DE, BLOCK_DE)
-    lse = tl.load(LSE + pid_bh * NQ + rows, mask=rows < NQ, other=0.0)
+    lse2 = tl.load(LSE + pid_bh * NQ + rows, mask=rows < NQ, other=0.0) * LOG2E
     delta = tl.load(DELTA + pid_bh * NQ + rows, mask=rows < NQ, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_ptr, v_ptr, e_ptr = K + b * sk_b + hk * sk_h, V + b * sv_b + hk * sv_h, E + b * se_b + hk * se_h
     full, end = _key_blocks(pid_m, NQ, NK, BLOCK_M, BLOCK_N)
-    dq = _dq_keys(dq, q, do, doe, lse, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, 0, full,
-                  NQ, NK, D, DV, DE, scale, False, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
-    dq = _dq_keys(dq, q, do, doe, lse, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, full, end,
-                  NQ, NK, D, DV, DE, scale, True, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
-    _store(DQ + b * sq_b + h * sq_h, rows, sq_n, NQ, D, dq, BLOCK_D)
+    dq = _dq_keys(dq, q, do, doe, lse2, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, 0, full,
+                  NQ, NK, D, DV, DE, scale * LOG2E, False, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
+    dq = _dq_keys(dq, q, do, doe, lse2, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, full, end,
+                  NQ, NK, D, DV, DE, scale * LOG2E, True, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
+    _store(DQ + b * sq_b + h * sq_h, rows, sq_n, NQ, D, dq * scale, BLOCK_D)
 
 
 def _bwd_delta(
