@@ -436,6 +436,13 @@ def test_an_explicit_block_or_another_dtype_ignores_the_table(recorded):
         assert (meta["BLOCK_M"], meta["BLOCK_N"]) == (32, 32) and "num_warps" not in meta
 
 
+def test_a_scale_that_is_not_positive_is_refused():
+    q, k, v, e = (x.float() for x in _inputs(1, 1, 1, 4, 4, 16, 16, 16))
+    for bad in (0.0, -0.125, float("nan")):
+        with pytest.raises(ValueError, match="positive scale"):
+            attention_forward(q, k, v, e, scale=bad)
+
+
 def test_fp16_takes_bf16s_measured_config_and_fp32_does_not(monkeypatch):
     from tape.kernels import tuning
 

@@ -440,6 +440,16 @@ def check_inputs(q: Tensor, k: Tensor, v: Tensor, e: Tensor, wide_e: bool = Fals
                          "float32, float16, bfloat16" + (" (e may be float32 or float64)" if wide_e else ""))
 
 
+def _scale(head_dim: int, scale: float | None) -> float:
+    """The logits' scale: 1/sqrt(d) by default. It must be positive: the kernels take the row max
+    of the unscaled logits and scale it."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not scale > 0:
+        raise ValueError(f"scale={scale}: the kernel takes a positive scale (default 1/sqrt(head dim))")
+    return float(scale)
+
+
 def _meta(q: Tensor, k: Tensor, v: Tensor, e: Tensor, block: int | None) -> dict:
     """Tile sizes: BLOCK_N keys per step; BLOCK_M query rows, fewer for a short query block (a
     one-token decode step fills 16 rows, not 64)."""
@@ -466,7 +476,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, e: Tensor, scale: float | None, bl
     q, k, v, e = map(_unit_last, (q, k, v, e))
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scale = _scale(d, scale)
     o = q.new_empty(b, h, nq, v.shape[-1])
     oe = q.new_empty(b, h, nq, e.shape[-1])
     lse = torch.empty(b, h, nq, device=q.device, dtype=torch.float32)
@@ -494,7 +504,7 @@ def attention_backward(
     do, doe = _unit_last(do.to(v.dtype)), _unit_last(doe.to(v.dtype))  # only read
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scale = _scale(d, scale)
     interpret = q.device.type == "cpu"
     meta = _meta(q, k, v, e, block)
     # Δ_i = Σ_j P_ij dP_ij = dO_i·O_i + dO_e,i·O_e,i (both value paths), float32 (B, H, Nq): one
