@@ -25,7 +25,8 @@ overwritten), the training runs in ``runs/gpu-check/<time>/runs``. Steps that ti
 
 ``--suite measure`` (``make gpu-measure``), every step timed: where a training step's time goes
 (``python -m tape.bench.step_profile``: device busy time against wall time, kernels per step, the
-costliest kernels, TAPE beside RoPE at batch 4, 16 and 32; then with ``--compile``); the attention
+costliest kernels, TAPE beside RoPE at batch 4, 16 and 32; then with ``--compile``, and compiled
+with CUDA graphs, ``--compile-mode reduce-overhead``); the attention
 operator by length, N = 1k to 16k, forward and forward+backward, with TFLOP/s
 (``python -m pipelines.attention_sweep``; sweep.{md,json} in the record); the kernel's autotuning;
 50 timed steps of each GPU claim preset and of the addressing tasks' GPU presets (their minutes
@@ -142,6 +143,8 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
               (*py, "-m", "tape.bench.step_profile", "--batches", "4,16,32"), 240),
         Check("a 155M step compiled (torch.compile), RoPE vs TAPE, batch 4 (profiler)",
               (*py, "-m", "tape.bench.step_profile", "--compile", "--batches", "4"), 420),
+        Check("a 155M step compiled with CUDA graphs (mode reduce-overhead), RoPE vs TAPE, batch 4 (profiler)",
+              (*py, "-m", "tape.bench.step_profile", "--compile-mode", "reduce-overhead", "--batches", "4"), 420),
         Check("attention operator by length, N = 1k-16k, forward and backward",
               (*py, "-m", "pipelines.attention_sweep", "--device", "cuda", "--out", str(tables / "sweep")), 360),
         Check("autotune the kernel's launch configs (bf16, head dims 64 and 128)",

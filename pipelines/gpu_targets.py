@@ -106,7 +106,10 @@ def profile_md(profile: dict) -> list[str]:
     """Markdown lines of one step profile: per batch size and model, wall time, the device's busy
     time and share, kernels per step and the ratios to RoPE; for a compiled profile, TAPE's step
     time over RoPE's against the step-time target (medians of each model timed alone, unpaired)."""
-    compiled = "compiled (torch.compile)" if profile.get("compiled") else "eager"
+    compiled = "eager"
+    if profile.get("compiled"):
+        mode = profile.get("compile_mode", "default")
+        compiled = "compiled (torch.compile" + ("" if mode == "default" else f", mode {mode}") + ")"
     lines = [f"{compiled.capitalize()} training step, {profile.get('seq_len')} tokens a row, on "
              f"{profile.get('device')}; each model timed alone (median of its steps), then profiled.", "",
              "| batch | model | wall ms | device busy ms | busy share | kernels / step | wall / RoPE "

@@ -280,6 +280,8 @@ def test_an_eager_profile_is_judged_only_where_ropes_device_is_busy() -> None:
     text = "\n".join(profile_md(profile | {"compiled": True}))
     assert "Compiled TAPE / RoPE step time at batch 4: 1.690, target <= 1.1: missed" in text
     assert "RoPE device-busy share 0.25, below 0.9" in text
+    text = "\n".join(profile_md(profile | {"compiled": True, "compile_mode": "reduce-overhead"}))
+    assert text.startswith("Compiled (torch.compile, mode reduce-overhead) training step")
 
 
 def test_a_benchmark_whose_rope_step_is_host_bound_says_so(tmp_path: Path) -> None:
@@ -344,7 +346,7 @@ def test_only_picks_checks_by_name(capsys: pytest.CaptureFixture) -> None:
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1 and "pipelines.gpu_check llama7b" in lines[0]
     assert gpu_check.main(["--dry-run", "--only", "by length,profiler"]) == 0  # --only looks in every suite
-    assert len(capsys.readouterr().out.strip().splitlines()) == 3
+    assert len(capsys.readouterr().out.strip().splitlines()) == 4  # the sweep and three profiles
     with pytest.raises(SystemExit):
         gpu_check.main(["--dry-run", "--only", "no such check"])
 

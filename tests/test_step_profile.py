@@ -33,7 +33,34 @@ def test_compile_runs_every_model_through_torch_compile(monkeypatch: pytest.Monk
     import torch
 
     compiled = []
-    monkeypatch.setattr(torch, "compile", lambda model: compiled.append(type(model).__name__) or model)
+    monkeypatch.setattr(torch, "compile", lambda model, mode: compiled.append((type(model).__name__, mode)) or model)
     out = step_profile.step_profile("cpu", [1], 8, warmup=1, timed=1, profiled=1, compile_model=True)
-    assert out["compiled"] is True and compiled == ["DecoderLM"] * 2
+    assert out["compiled"] is True and out["compile_mode"] == "default" and compiled == [("DecoderLM", "default")] * 2
     assert set(out["batch_1"]) == set(step_profile.COMPILED_VARIANTS) == {"rope", "tape_fused"}
+
+
+def test_compile_mode_reaches_torch_compile_and_cuda_graphs_only_on_cuda(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """--compile-mode implies --compile and is passed to torch.compile; a CPU step never marks a
+    CUDA graph step (CUDA graphs replay CUDA launches only)."""
+    import torch
+
+    from tape.bench.train_step import TrainStep
+    from tape.model import ModelConfig
+
+    compiled, marks = [], []
+    monkeypatch.setattr(torch, "compile", lambda model, mode: compiled.append(mode) or model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    assert step_profile.main(["--device", "cpu", "--batches", "1", "--seq-len", "8",
+                              "--compile-mode", "reduce-overhead"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["compiled"] is True and out["compile_mode"] == "reduce-overhead"
+    assert compiled == ["reduce-overhead"] * 2 and marks == []
+    cfg = ModelConfig(**step_profile.TINY_SHAPE)
+    step = TrainStep(cfg, 1, 8, torch.device("cpu"), compile_model=True, compile_mode="reduce-overhead")
+    step.cuda_graphs = True  # as on CUDA: every step starts a new graph generation
+    step()
+    step()
+    assert marks == [1, 1]
+    with pytest.raises(SystemExit):
+        step_profile.main(["--compile-mode", "fastest"])

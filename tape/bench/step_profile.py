@@ -6,7 +6,8 @@ kernel launches), and there a TAPE/RoPE time ratio measures launch counts, not w
 ``python -m tape.bench.step_profile`` (one JSON line; on CUDA the 155M model at 1024 tokens).
 On CPU it counts the aten operators a step dispatches instead of kernels (a wiring check).
 ``--compile`` runs every model through ``torch.compile`` (minutes of compiling on the GPU), which
-removes most launches: the ratio that remains is the work's.
+removes most launches: the ratio that remains is the work's. ``--compile-mode reduce-overhead``
+also replays each compiled graph as a CUDA graph (one launch for the graph's kernels).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tape.model import ModelConfig
 PAPER_SHAPE = dict(vocab_size=32000, n_layers=12, d_model=768, n_heads=12, max_seq_len=1024)
 TINY_SHAPE = dict(vocab_size=64, n_layers=2, d_model=32, n_heads=2, max_seq_len=32)
 VARIANTS = ("rope", "tape_fused", "tape_unfused")  # TAPE: auto's path (the Triton kernel on CUDA), two calls
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 COMPILED_VARIANTS = VARIANTS[:2]  # compiling takes minutes a model on a GPU: RoPE and auto's TAPE
 
 
@@ -67,7 +69,7 @@ def profile_step(step: TrainStep, device: torch.device, steps: int) -> dict[str,
 
 def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len: int = 1024,
                  shape: dict | None = None, warmup: int = 3, timed: int = 10, profiled: int = 3,
-                 compile_model: bool = False) -> dict[str, Any]:
+                 compile_model: bool = False, compile_mode: str = "default") -> dict[str, Any]:
     """Per batch size and variant: wall ms per step, the profile, and TAPE/RoPE ratios of both."""
     dev = torch.device(device)
     base = ModelConfig(**(shape or (PAPER_SHAPE if dev.type == "cuda" else TINY_SHAPE)))
@@ -75,12 +77,14 @@ def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len
     autocast = torch.bfloat16 if dev.type == "cuda" else None
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                            "seq_len": seq_len, "compiled": compile_model}
+    if compile_model:
+        out["compile_mode"] = compile_mode
     labels = COMPILED_VARIANTS if compile_model else VARIANTS
     for batch in batches:
         rows: dict[str, Any] = {}
         for label in labels:
             step = TrainStep(variants[label].config(base), batch, seq_len, dev, autocast,
-                             compile_model=compile_model)
+                             compile_model=compile_model, compile_mode=compile_mode)
             timing = time_interleaved({label: step}, warmup, timed, dev)[label]  # one model alone
             rows[label] = {"wall_ms": timing.median_s * 1e3, **profile_step(step, dev, profiled)}
             if "device_busy_ms" in rows[label]:
@@ -103,9 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batches", default="4,16", help="comma-separated batch sizes (of seq-len tokens)")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--compile", action="store_true", help="torch.compile every model first")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default=None,
+                   help="torch.compile's mode (implies --compile); reduce-overhead adds CUDA graphs")
     args = p.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    print(json.dumps(step_profile(args.device, batches, args.seq_len, compile_model=args.compile)))
+    compiled = args.compile or args.compile_mode is not None
+    print(json.dumps(step_profile(args.device, batches, args.seq_len, compile_model=compiled,
+                                  compile_mode=args.compile_mode or "default")))
     return 0
 
 

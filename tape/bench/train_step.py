@@ -23,12 +23,15 @@ class TrainStep:
         lr: float = 1e-4,
         seed: int = 0,
         compile_model: bool = False,
+        compile_mode: str = "default",
     ) -> None:
         torch.manual_seed(seed)
         self.device, self.autocast = device, autocast
         self.model = DecoderLM(cfg).to(device).train()
+        # CUDA graphs (reduce-overhead) replay a step's launches at once; they run on CUDA only
+        self.cuda_graphs = compile_model and compile_mode == "reduce-overhead" and device.type == "cuda"
         if compile_model:  # torch.compile: fused elementwise kernels, far fewer launches per step
-            self.model = torch.compile(self.model)
+            self.model = torch.compile(self.model, mode=compile_mode)
         gen = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=gen).to(device)  # (B, N)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
@@ -44,6 +47,8 @@ class TrainStep:
             return lm_loss(self.model, self.ids)
 
     def __call__(self) -> None:
+        if self.cuda_graphs:  # a new step: the graphs may reuse the last step's output memory
+            torch.compiler.cudagraph_mark_step_begin()
         loss = self.loss()
         loss.backward()
         self.optimizer.step()
