@@ -37,6 +37,6 @@ def summarize(values: Sequence[float]) -> Summary | Missing:
     if not finite:
         return Missing("no finite value")
     n = len(finite)
-    mean = sum(finite) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else None
+    mean = math.fsum(finite) / n  # fsum: exact sums, so the runs' order cannot move the last digit
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else None
     return Summary(mean, std, n)
