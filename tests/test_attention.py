@@ -276,6 +276,23 @@ def test_flex_inside_a_compiled_model_is_one_graph_without_caches(recwarn):
         torch.testing.assert_close(got, want)
 
 
+def test_backend_checks_look_nothing_up_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's dynamo refuses to trace importlib's find_spec: a lookup inside plan_attention
+    broke every compiled attention call. Availability is read once, at import."""
+    import importlib.util
+
+    before = (attention.flex_available(), attention.triton_available())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("find_spec called while planning an attention call")
+
+    monkeypatch.setattr(importlib.util, "find_spec", refuse)
+    assert (attention.flex_available(), attention.triton_available()) == before
+    monkeypatch.setattr(attention, "_device_type", lambda x: "cuda")
+    q, k, v, e, _ = _inputs(d=16, dtype=torch.bfloat16)
+    attention.plan_attention("auto", None, q, k, e, None, None, False)
+
+
 @pytest.mark.skipif(not attention.flex_available(), reason="needs torch >= 2.5 (FlexAttention)")
 def test_flex_backend_refuses_what_it_cannot_run_with_the_fix():
     q, k, v, e, bias = _inputs(d=16, dtype=torch.float32)

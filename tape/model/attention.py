@@ -241,7 +241,7 @@ def plan_attention(
         compiling = torch.compiler.is_compiling()  # the compiler traces flex and SDPA, not our kernel
         if (CUDA_TAPE_PATH == "flex" or compiling) and _flex_ok(q, k, mask, bias):
             return Plan("flex", "single")
-        if _triton_ok(q, k, extra, mask, bias) and not compiling:
+        if not compiling and _triton_ok(q, k, extra, mask, bias):
             return Plan("triton", "single")
     gqa = q.shape[1] != k.shape[1]
     if mode == "two_calls" or (backend == "auto" and mode == "auto" and cuda and (flash_ok or gqa)):

@@ -24,9 +24,14 @@ FLEX_RECOMPILE_LIMIT = 64
 """Compiled shapes (x grad modes) before dynamo gives up compiling flex_attention."""
 
 
+_FLEX_AVAILABLE = importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+"""Looked up once at import: torch 2.11's dynamo refuses to trace ``find_spec`` (a graph break in
+every attention call of a compiled model)."""
+
+
 def flex_available() -> bool:
     """PyTorch has FlexAttention (torch >= 2.5)."""
-    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+    return _FLEX_AVAILABLE
 
 
 @lru_cache(maxsize=64)
