@@ -3,12 +3,35 @@ positions really change the outputs and a broken property shows up as a large di
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import tape.pe
 from tape.model import DecoderLM, ModelConfig
 
 ALL_PES = tape.pe.names()
+
+
+@functools.cache
+def triton_interpreter_problem() -> str:
+    """Why the Triton kernel cannot run on CPU tensors here ("" when it can): triton missing, or
+    its interpreter broken (triton 3.6 with numpy >= 2.4, the GPU image's stack)."""
+    from tape.kernels import triton_available
+
+    if not triton_available():
+        return "needs triton (in requirements.txt)"
+    import numpy as np
+    import triton
+
+    from tape.kernels.triton_attention import attention_forward
+
+    try:
+        attention_forward(*[torch.zeros(1, 1, 1, 16) for _ in range(4)], block=16)
+    except Exception as err:  # noqa: BLE001 - any failure of the interpreter itself
+        return (f"the Triton interpreter fails here (triton {triton.__version__}, numpy {np.__version__}: "
+                f"{type(err).__name__}: {err})")
+    return ""
 SHIFT_INVARIANT_PES = [name for name in ALL_PES if tape.pe.get(name).relative]
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from model_helpers import triton_interpreter_problem
 
 pytest.importorskip("triton")  # CI installs it from requirements.txt; this guards bare machines
 from tape.kernels.triton_attention import (  # noqa: E402
@@ -25,14 +26,7 @@ def _interpreter_problem() -> str:
     """Why the interpreter tests cannot run here ("" when they can)."""
     if torch.cuda.is_available():
         return "a CUDA device is here: the compiled kernel is tested instead (-m cuda)"
-    try:
-        attention_forward(*[torch.zeros(1, 1, 1, 16) for _ in range(4)], block=16)
-    except Exception as err:  # noqa: BLE001 - any failure of the interpreter itself
-        import numpy as np
-        import triton
-        return (f"the Triton interpreter fails here (triton {triton.__version__}, numpy {np.__version__}: "
-                f"{type(err).__name__}: {err})")
-    return ""
+    return triton_interpreter_problem()
 
 
 INTERPRETER_PROBLEM = _interpreter_problem()
