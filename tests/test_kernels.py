@@ -120,6 +120,18 @@ def test_masked_and_unmasked_blocks_split_where_causality_says(nq, nk):
 
 
 @interpreted
+@pytest.mark.parametrize("nq, nk", BLOCK_EDGES[1::3], ids=[f"{a}x{b}" for a, b in BLOCK_EDGES[1::3]])
+def test_one_masked_loop_as_compiled_fp32_runs_it(nq, nk, monkeypatch):
+    """Compiled fp32 does not split (``splits``): its one masked loop over every block, here under
+    the interpreter."""
+    import tape.kernels.triton_attention as ta
+
+    monkeypatch.setattr(ta, "splits", lambda q: False)
+    _compare((1, 2, 1, nq, nk, 16, 16, 8), block=16, seed=nq * nk)
+    _compare((1, 2, 1, nq, nk, 72, 72, 72), block=16, seed=nq)  # a wide head: dK/dV/dE's one loop
+
+
+@interpreted
 @settings(max_examples=6, deadline=None)
 @given(
     nq=st.integers(1, 24), extra_keys=st.integers(0, 9), groups=st.sampled_from([1, 2]),
@@ -437,13 +449,15 @@ def test_a_scale_that_is_not_positive_is_refused():
             attention_forward(q, k, v, e, scale=bad)
 
 
-def test_fp16_takes_bf16s_measured_config_and_fp32_does_not(monkeypatch):
+def test_fp16_takes_bf16s_measured_config_and_fp32_its_spill_free_one(monkeypatch):
     from tape.kernels import tuning
 
     monkeypatch.setattr(tuning, "TUNED", {("_bwd_dkdvde", "bfloat16", 128): tuning.LaunchConfig(64, 64, 8, 2)})
     assert tuning.config("_bwd_dkdvde", torch.float16, 128) == tuning.LaunchConfig(64, 64, 8, 2)
-    assert tuning.config("_bwd_dkdvde", torch.float32, 128) is None
+    assert tuning.config("_bwd_dkdvde", torch.float32, 128) == tuning.SPILL_FREE["_bwd_dkdvde", "float32", 128]
     assert tuning.config("_bwd_dkdvde", torch.float16, 64) is None
+    monkeypatch.setattr(tuning, "TUNED", {("_bwd_dkdvde", "float32", 128): tuning.LaunchConfig(16, 16, 4, 3)})
+    assert tuning.config("_bwd_dkdvde", torch.float32, 128) == tuning.LaunchConfig(16, 16, 4, 3)  # measured first
 
 
 def test_a_forced_config_runs_as_given_without_fallback(recorded):

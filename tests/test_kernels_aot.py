@@ -11,7 +11,7 @@ if not triton_available():
     pytest.skip("needs triton (pip install triton)", allow_module_level=True)
 
 from tape.kernels import aot  # noqa: E402
-from tape.kernels.tuning import TUNED, LaunchConfig  # noqa: E402
+from tape.kernels.tuning import SPILL_FREE, TUNED, LaunchConfig, config  # noqa: E402
 
 try:
     aot._bin("cuobjdump")
@@ -89,6 +89,30 @@ def test_every_tuned_config_fits_an_sm90_block(key):
     assert compiled.fits, f"{compiled.shared_bytes} B of shared memory > {aot.SHARED_LIMIT}"
     if tile == 64:  # the 155M model's heads; at 128, dK/dV/dE spills inside its loop with triton 3.9, not 3.6
         assert compiled.loop_spills == 0, f"{compiled.loop_spills} spill loads/stores inside its loops"
+
+
+@pytest.mark.parametrize("key", sorted(SPILL_FREE), ids=lambda k: "/".join(map(str, k)))
+def test_fp32_launches_take_configs_that_spill_nowhere_in_their_loops(key):
+    """fp32 at the default BLOCK 64 / 32 spilled 0.4-20 KB a thread; its chosen configs fit and
+    spill no register inside a loop, and launches take them (no GPU measurement exists)."""
+    kernel, dtype, tile = key
+    assert config(kernel, aot.torch.float32, tile) == SPILL_FREE[key] and key not in TUNED
+    compiled = aot.compile_kernel(kernel, dtype, tile, SPILL_FREE[key])
+    assert compiled.fits and compiled.loop_spills == 0, f"{compiled.loop_spills} spills inside its loops"
+    if kernel != "_fwd":  # the backward kernels run with block_m = block_n (see tuning.BACKWARD_CANDIDATES)
+        assert SPILL_FREE[key].block_m == SPILL_FREE[key].block_n
+
+
+def test_compiled_fp32_runs_one_masked_loop_and_the_interpreter_both():
+    """The unmasked loop doubled fp32's compiled code for no gain: ``splits`` is off for
+    compiled fp32 and on elsewhere (the interpreter always splits, so CPU tests cover both)."""
+    cuda = [aot.torch.empty(0, dtype=dtype, device="meta") for dtype in (aot.torch.float32, aot.torch.bfloat16)]
+    assert [aot.ta.splits(x) for x in cuda] == [False, True]
+    assert aot.ta.splits(aot.torch.empty(0, dtype=aot.torch.float32))
+    for kernel in ("_fwd", "_bwd_dq"):
+        fp32 = aot.compile_kernel(kernel, "float32", 64, LaunchConfig(32, 32, 4, 3))
+        bf16 = aot.compile_kernel(kernel, "bfloat16", 64, LaunchConfig(64, 64, 4, 3))
+        assert (len(fp32.loops), len(bf16.loops)) == (1, 2), kernel
 
 
 def test_fp32_wide_heads_fit_at_their_default_block_and_not_at_64():

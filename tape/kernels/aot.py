@@ -72,7 +72,7 @@ def _specialisation(kernel: str, dtype: str, head_dim: int, batch: int = 4, head
     for name in inspect.signature(fn).parameters:
         if re.fullmatch(r"s\w+_[bhn]", name):
             values[name] = {"b": n * heads * head_dim, "h": head_dim, "n": heads * head_dim}[name[-1]]
-        elif name.isupper() and name not in values and name not in ("PREC", "UPCAST") and not name.startswith("BLOCK"):
+        elif name.isupper() and name not in values and name not in ("PREC", "UPCAST", "SPLIT") and not name.startswith("BLOCK"):
             wide = name in ("LSE", "DELTA", "DE_")  # float32 statistics; E's gradient in E's float32
             values[name] = "*fp32" if wide else f"*{TYPES[dtype]}"
     return values
@@ -87,7 +87,7 @@ def compile_kernel(kernel: str, dtype: str, head_dim: int, config: LaunchConfig)
     jit = triton.jit(fn)
     tile = ta._block(head_dim)
     constexprs: dict[str, object] = dict(
-        PREC="ieee" if dtype == "float32" else "tf32", UPCAST=False, BLOCK_D=tile, BLOCK_DV=tile, BLOCK_DE=tile,
+        PREC="ieee" if dtype == "float32" else "tf32", UPCAST=False, SPLIT=dtype != "float32", BLOCK_D=tile, BLOCK_DV=tile, BLOCK_DE=tile,
         BLOCK_M=config.block_n if kernel != "_fwd" else config.block_m, BLOCK_N=config.block_n)
     values = _specialisation(kernel, dtype, head_dim)
     signature, attrs = {}, {}

@@ -113,7 +113,7 @@ def _fwd(
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
     so_b, so_h, so_n, soe_b, soe_h, soe_n,
     H, GROUPS, NQ, NK, D, DV, DE, scale,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
 ):
     """One query block of one query head: O, O_e and LSE."""
@@ -128,11 +128,14 @@ def _fwd(
     acc_e = tl.zeros([BLOCK_M, BLOCK_DE], tl.float32)
     k_ptr, v_ptr, e_ptr = K + b * sk_b + hk * sk_h, V + b * sv_b + hk * sv_h, E + b * se_b + hk * se_h
     full, end = _key_blocks(pid_m, NQ, NK, BLOCK_M, BLOCK_N)
+    start = 0  # without SPLIT one masked loop takes every block
+    if SPLIT:
+        acc_v, acc_e, l_i, m_i = _fwd_keys(acc_v, acc_e, l_i, m_i, q, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows,
+                                           0, full, NQ, NK, D, DV, DE, scale * LOG2E,
+                                           False, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
+        start = full
     acc_v, acc_e, l_i, m_i = _fwd_keys(acc_v, acc_e, l_i, m_i, q, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows,
-                                       0, full, NQ, NK, D, DV, DE, scale * LOG2E,
-                                       False, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
-    acc_v, acc_e, l_i, m_i = _fwd_keys(acc_v, acc_e, l_i, m_i, q, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows,
-                                       full, end, NQ, NK, D, DV, DE, scale * LOG2E,
+                                       start, end, NQ, NK, D, DV, DE, scale * LOG2E,
                                        True, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
     _store(O + b * so_b + h * so_h, rows, so_n, NQ, DV, acc_v / l_i[:, None], BLOCK_DV)
     _store(OE + b * soe_b + h * soe_h, rows, soe_n, NQ, DE, acc_e / l_i[:, None], BLOCK_DE)
@@ -174,7 +177,7 @@ def _bwd_dkdvde(
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
     sdo_b, sdo_h, sdo_n, sdoe_b, sdoe_h, sdoe_n,
     H, HKV, GROUPS, NQ, NK, D, DV, DE, scale,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
 ):
     """One key block of one key/value head: dK, dV, dE summed over its query heads and blocks."""
@@ -190,11 +193,12 @@ def _bwd_dkdvde(
     # The first query that sees key j is j - (NK - NQ): start at its block. Rows from ``full`` on
     # (the first block whose rows all reach the key block's last key) need no mask; with heads
     # wider than 64, one masked loop takes them all (split, it spilled registers inside its loops
-    # at head dim 128, sm_90, triton 3.6).
+    # at head dim 128, sm_90, triton 3.6), as without SPLIT.
     lo = tl.maximum(pid_n * BLOCK_N - (NK - NQ), 0) // BLOCK_M * BLOCK_M
     past = tl.maximum(pid_n * BLOCK_N + BLOCK_N - 1 - (NK - NQ) - lo, 0)
     full = tl.minimum(lo + (past + BLOCK_M - 1) // BLOCK_M * BLOCK_M, NQ)
-    if BLOCK_D > 64 or BLOCK_DV > 64 or BLOCK_DE > 64:
+    SPLIT_ROWS: tl.constexpr = SPLIT and BLOCK_D <= 64 and BLOCK_DV <= 64 and BLOCK_DE <= 64
+    if not SPLIT_ROWS:
         full = NQ
     qk_scale = scale * LOG2E  # Pᵀ = exp2(Sᵀ · scale · log2(e) - LSE · log2(e))
     for g in range(0, GROUPS):
@@ -204,9 +208,10 @@ def _bwd_dkdvde(
         dk, dv, de = _dkdvde_queries(dk, dv, de, k, v, e, q_ptr, do_ptr, doe_ptr, LSE + stats, DELTA + stats,
                                      sq_n, sdo_n, sdoe_n, cols, lo, full, NQ, NK, D, DV, DE, qk_scale,
                                      True, PREC, UPCAST, BLOCK_M, BLOCK_D, BLOCK_DV, BLOCK_DE)
-        dk, dv, de = _dkdvde_queries(dk, dv, de, k, v, e, q_ptr, do_ptr, doe_ptr, LSE + stats, DELTA + stats,
-                                     sq_n, sdo_n, sdoe_n, cols, full, NQ, NQ, NK, D, DV, DE, qk_scale,
-                                     False, PREC, UPCAST, BLOCK_M, BLOCK_D, BLOCK_DV, BLOCK_DE)
+        if SPLIT_ROWS:
+            dk, dv, de = _dkdvde_queries(dk, dv, de, k, v, e, q_ptr, do_ptr, doe_ptr, LSE + stats, DELTA + stats,
+                                         sq_n, sdo_n, sdoe_n, cols, full, NQ, NQ, NK, D, DV, DE, qk_scale,
+                                         False, PREC, UPCAST, BLOCK_M, BLOCK_D, BLOCK_DV, BLOCK_DE)
     _store(DK + b * sk_b + hk * sk_h, cols, sk_n, NK, D, dk * scale, BLOCK_D)
     _store(DV_ + b * sv_b + hk * sv_h, cols, sv_n, NK, DV, dv, BLOCK_DV)
     _store(DE_ + b * se_b + hk * se_h, cols, se_n, NK, DE, de, BLOCK_DE)
@@ -238,7 +243,7 @@ def _bwd_dq(
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, se_b, se_h, se_n,
     sdo_b, sdo_h, sdo_n, sdoe_b, sdoe_h, sdoe_n,
     H, GROUPS, NQ, NK, D, DV, DE, scale,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DE: tl.constexpr,
 ):
     """One query block of one query head: dQ over its visible key blocks."""
@@ -254,9 +259,12 @@ def _bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_ptr, v_ptr, e_ptr = K + b * sk_b + hk * sk_h, V + b * sv_b + hk * sv_h, E + b * se_b + hk * se_h
     full, end = _key_blocks(pid_m, NQ, NK, BLOCK_M, BLOCK_N)
-    dq = _dq_keys(dq, q, do, doe, lse2, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, 0, full,
-                  NQ, NK, D, DV, DE, scale * LOG2E, False, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
-    dq = _dq_keys(dq, q, do, doe, lse2, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, full, end,
+    start = 0  # without SPLIT one masked loop takes every block
+    if SPLIT:
+        dq = _dq_keys(dq, q, do, doe, lse2, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, 0, full,
+                      NQ, NK, D, DV, DE, scale * LOG2E, False, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
+        start = full
+    dq = _dq_keys(dq, q, do, doe, lse2, delta, k_ptr, v_ptr, e_ptr, sk_n, sv_n, se_n, rows, start, end,
                   NQ, NK, D, DV, DE, scale * LOG2E, True, PREC, UPCAST, BLOCK_N, BLOCK_D, BLOCK_DV, BLOCK_DE)
     _store(DQ + b * sq_b + h * sq_h, rows, sq_n, NQ, D, dq * scale, BLOCK_D)
 
@@ -457,8 +465,16 @@ def _meta(q: Tensor, k: Tensor, v: Tensor, e: Tensor, block: int | None) -> dict
     bn = block or default_block(q.device.type, q.dtype, max(widths.values()))
     bm = min(bn, max(MIN_BLOCK, triton.next_power_of_2(q.shape[-2])))
     upcast = q.device.type == "cpu" and q.dtype == torch.bfloat16
-    return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=upcast, BLOCK_M=bm, BLOCK_N=bn,
-                **widths)
+    return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=upcast, SPLIT=splits(q),
+                BLOCK_M=bm, BLOCK_N=bn, **widths)
+
+
+def splits(q: Tensor) -> bool:
+    """Whether the kernels run the blocks every row sees in a loop without the causal mask. Not
+    for compiled fp32 (ieee FMA products): there the second loop doubled the compiled code
+    (cold compiles 1.5-2x, spills inside the loops) for a path that is slow whatever it does.
+    The interpreter always splits, so the CPU tests cover both loops."""
+    return q.dtype != torch.float32 or q.device.type == "cpu"
 
 
 def attention_forward(

@@ -2,9 +2,9 @@
 
 ``TUNED`` maps (kernel, dtype, head-dim tile) to the configuration ``sweep`` chose on a GPU; it
 is filled from the JSON that ``tape.kernels.autotune.sweep`` prints on a GPU (device and date
-beside each entry), so a GPU without time to autotune launches the measured choice. A kernel
-without an entry starts from ``triton_attention.default_block`` with Triton's default warps and
-stages.
+beside each entry), so a GPU without time to autotune launches the measured choice. fp32 without a
+measurement takes ``SPILL_FREE`` (read off compiled code). A kernel without an entry starts from
+``triton_attention.default_block`` with Triton's default warps and stages.
 """
 
 from __future__ import annotations
@@ -70,11 +70,27 @@ a measurement of their own they take its configuration (compiled for sm_90, fp16
 dim 128 spilled inside its loop at the default warps 4, stages 3, and not at bf16's tuned 8, 2)."""
 
 
+SPILL_FREE: dict[tuple[str, str, int], LaunchConfig] = {
+    ("_fwd", "float32", 64): LaunchConfig(32, 32, 4, 3),
+    ("_bwd_dkdvde", "float32", 64): LaunchConfig(32, 32, 8, 2),
+    ("_bwd_dq", "float32", 64): LaunchConfig(32, 32, 4, 3),
+    ("_fwd", "float32", 128): LaunchConfig(16, 16, 4, 3),
+    ("_bwd_dkdvde", "float32", 128): LaunchConfig(32, 32, 8, 2),
+    ("_bwd_dq", "float32", 128): LaunchConfig(32, 32, 8, 2),
+}
+"""fp32 (ieee products on FMA units) without a measurement: configurations that compile for sm_90
+without a spill inside any loop under triton 3.6 and 3.9 (``make kernel-report``), where the
+defaults spilled 0.4-20 KB a thread (head dim 64 at BLOCK 64: 8-20 KB). Chosen from compiled
+structure, not timed; a ``TUNED`` entry, measured on a GPU, takes precedence."""
+
+
 def config(kernel: str, dtype: torch.dtype, head_dim_tile: int) -> LaunchConfig | None:
-    """The measured configuration for ``kernel`` at this dtype and head-dim tile, if any (for
-    fp16, bf16's when fp16 has none)."""
+    """The configuration for ``kernel`` at this dtype and head-dim tile, if any: the measured one
+    (for fp16, bf16's when fp16 has none), else fp32's spill-free one."""
     name = dtype_name(dtype)
-    return TUNED.get((kernel, name, head_dim_tile)) or TUNED.get((kernel, SAME_CODE.get(name, name), head_dim_tile))
+    key = (kernel, name, head_dim_tile)
+    return (TUNED.get(key) or TUNED.get((kernel, SAME_CODE.get(name, name), head_dim_tile))
+            or SPILL_FREE.get(key))
 
 
 def forced(kernel: str) -> LaunchConfig | None:
