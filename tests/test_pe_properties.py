@@ -132,3 +132,18 @@ def test_randpe_positions_random_in_training_contiguous_in_eval():
     model.eval()
     assert torch.equal(model.pe.make_state(pos, pos, torch.float32).query_pos, pos)
     assert torch.equal(model(ids).logits, model(ids).logits)  # deterministic at evaluation
+
+
+@pytest.mark.parametrize("name", ALL_PES)
+def test_every_encoding_compiles_to_one_graph(name: str) -> None:
+    """compile=true traces the model whole: no graph break in forward or backward (torch 2.11's
+    dynamo broke TAPE's E update at an is_autocast_available call). Dynamo only (backend eager)."""
+    import torch._dynamo as dynamo
+
+    ids = torch.randint(0, 37, (2, 17), generator=torch.Generator().manual_seed(0))
+    model = tiny_model(name).train()
+    dynamo.reset()
+    logits = torch.compile(model, backend="eager", fullgraph=True)(ids).logits  # a break raises
+    logits.square().mean().backward()
+    eager = tiny_model(name).train()
+    torch.testing.assert_close(logits, eager(ids).logits)

@@ -336,3 +336,19 @@ def test_tapes_e_is_float32_at_every_layer_of_a_bf16_model(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fp32(ids).logits.float().square().mean().backward()
     assert seen == [torch.float32] * 6
+
+
+def test_the_e_update_asks_nothing_of_autocast_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's dynamo cannot trace ``torch.amp.is_autocast_available``: the devices with
+    autocast are read once, at import, and the E update calls nothing of it."""
+    from tape.pe import tape as tape_pe
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("is_autocast_available called inside the E update")
+
+    monkeypatch.setattr(torch.amp, "is_autocast_available", refuse)
+    e, ae = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    gate, w1, w2 = torch.randn(1, 5, 3), torch.randn(3, 2), torch.randn(2, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _UpdateE.apply(e, ae, torch.eye(2), gate, w1, w2)
+    assert out.dtype == torch.float32 and "cpu" in tape_pe.AUTOCAST_DEVICES and "meta" not in tape_pe.AUTOCAST_DEVICES

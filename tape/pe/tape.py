@@ -151,9 +151,15 @@ def _per_token(mix: Tensor, x: Tensor) -> Tensor:
     return torch.matmul(mix, x.transpose(1, 2)).transpose(1, 2)
 
 
+AUTOCAST_DEVICES = frozenset(
+    d for d in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "privateuseone") if torch.amp.is_autocast_available(d))
+"""Device types with autocast, read once at import: torch 2.11's dynamo cannot trace
+``is_autocast_available`` (a graph break in every compiled E update)."""
+
+
 def _no_autocast(x: Tensor) -> contextlib.AbstractContextManager:
     """Autocast off on x's device (the meta device, used for FLOP counts, has no autocast)."""
-    if torch.amp.is_autocast_available(x.device.type):
+    if x.device.type in AUTOCAST_DEVICES:
         return torch.autocast(x.device.type, enabled=False)
     return contextlib.nullcontext()
 
