@@ -83,7 +83,7 @@ def test_compiled_training_steps_match_eager_and_validation_stays_eager(monkeypa
     graph with eager kernels, seconds instead of inductor's minutes) and evaluates eagerly."""
     real_compile, compiled = torch.compile, []
 
-    def spy(model: torch.nn.Module) -> torch.nn.Module:
+    def spy(model: torch.nn.Module, mode: str = "default") -> torch.nn.Module:
         compiled.append(model)
         return real_compile(model, backend="aot_eager")
 

@@ -8,6 +8,7 @@ import torch
 
 from tape.bench.flops import lm_loss
 from tape.model import DecoderLM, ModelConfig
+from tape.model.compiling import compile_model as compile_model_for_training
 
 
 class TrainStep:
@@ -31,7 +32,7 @@ class TrainStep:
         # CUDA graphs (reduce-overhead) replay a step's launches at once; they run on CUDA only
         self.cuda_graphs = compile_model and compile_mode == "reduce-overhead" and device.type == "cuda"
         if compile_model:  # torch.compile: fused elementwise kernels, far fewer launches per step
-            self.model = torch.compile(self.model, mode=compile_mode)
+            self.model = compile_model_for_training(self.model, compile_mode)
         gen = torch.Generator().manual_seed(seed)
         self.ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=gen).to(device)  # (B, N)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)

@@ -20,6 +20,7 @@ from torch import Tensor
 import tape.pe as pe_registry
 from tape.data.labels import IGNORE_INDEX
 from tape.model import DecoderLM, ModelConfig
+from tape.model.compiling import compile_model
 from tape.lightning.distributed import clip_gradients
 from tape.schedule import adamw_with_schedule
 
@@ -58,7 +59,7 @@ class CausalLMModule(L.LightningModule):
         if not (self.compile_model and self.training):
             return self.model
         if "train" not in self._compiled:
-            self._compiled["train"] = torch.compile(self.model)
+            self._compiled["train"] = compile_model(self.model)  # torch.compile, guarded on old CPU torch
         return self._compiled["train"]
 
     def _scored(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
