@@ -279,16 +279,20 @@ def test_flex_inside_a_compiled_model_is_one_graph_without_caches(recwarn):
 
 def test_backend_checks_look_nothing_up_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch 2.11's dynamo refuses to trace importlib's find_spec: a lookup inside plan_attention
-    broke every compiled attention call. Availability is read once, at import."""
+    broke every compiled attention call (and PaTH's kernel check, its CUDA calls). Availability is
+    read once, at import."""
     import importlib.util
 
-    before = (attention.flex_available(), attention.triton_available())
+    from tape.pe import path
+
+    before = (attention.flex_available(), attention.triton_available(), path.fla_installed())
 
     def refuse(*args, **kwargs):
         raise AssertionError("find_spec called while planning an attention call")
 
     monkeypatch.setattr(importlib.util, "find_spec", refuse)
-    assert (attention.flex_available(), attention.triton_available()) == before
+    assert (attention.flex_available(), attention.triton_available(), path.fla_installed()) == before
+    assert not hasattr(path.fla_installed, "cache_info")  # dynamo skips functools caches too
     monkeypatch.setattr(attention, "_device_type", lambda x: "cuda")
     q, k, v, e, _ = _inputs(d=16, dtype=torch.bfloat16)
     attention.plan_attention("auto", None, q, k, e, None, None, False)

@@ -36,7 +36,6 @@ map).
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import math
 from dataclasses import dataclass, replace
@@ -103,9 +102,11 @@ def transformed_key_terms(directions: Tensor, strengths: Tensor, keys: Tensor, n
     return torch.matmul(range_transforms(directions, strengths).transpose(-1, -2), projections)
 
 
-@functools.cache
+_FLA_INSTALLED = importlib.util.find_spec("fla") is not None  # at import: dynamo cannot trace find_spec
+
+
 def fla_installed() -> bool:
-    return importlib.util.find_spec("fla") is not None
+    return _FLA_INSTALLED
 
 
 def why_not_fla(q: Tensor, mask: Tensor | None) -> str | None:
