@@ -61,6 +61,46 @@ def targets_md(efficiency: dict) -> list[str]:
     return lines
 
 
+def fastest_path_md(efficiency: dict) -> list[str]:
+    """Markdown lines: each TAPE path's training step against ``auto``'s CUDA path, paired over the
+    benchmark's interleaved rounds (log of the time ratio per round: 95 % t interval, sign-flip p,
+    Holm over the paths), and which path was fastest. Nothing without per-round samples."""
+    import math
+
+    import numpy as np
+
+    from tape.model.attention import CUDA_TAPE_PATH
+    from tape.report.paired import holm, sign_flip_pvalue, t_interval
+
+    rows = efficiency["train_step"]["rows"]
+    auto = f"tape_{CUDA_TAPE_PATH}"
+    base = ((rows.get(auto) or {}).get("time_s") or {}).get("samples_s")
+    others = [m for m in MODE_NAMES if m not in ("fused", CUDA_TAPE_PATH)
+              and ((rows.get(f"tape_{m}") or {}).get("time_s") or {}).get("samples_s")]
+    if not base or not others:
+        return []
+    deltas = {m: np.log(np.array(rows[f"tape_{m}"]["time_s"]["samples_s"]) / np.array(base)) for m in others}
+    adjusted = holm([sign_flip_pvalue(d) for d in deltas.values()])
+    lines = [f"Training step time of each TAPE path over {MODE_NAMES[CUDA_TAPE_PATH]}'s (`auto` on CUDA), "
+             f"paired over {len(base)} interleaved rounds: geometric mean of the per-round ratios, 95 % t "
+             "interval, sign-flip p (Holm over the paths); faster or slower when both the interval and the "
+             "adjusted p say so.", "",
+             "| TAPE path | step time / auto's | 95 % interval | p (Holm) | reading |", "|---|---|---|---|---|"]
+    means = {}
+    for (mode, d), p_adj in zip(deltas.items(), adjusted):
+        lo, hi = t_interval(d)
+        means[mode] = float(np.mean(d))
+        shown = hi < 0 or lo > 0
+        reading = ("faster" if hi < 0 else "slower") if shown and p_adj < 0.05 else "no difference shown"
+        lines.append(f"| {MODE_NAMES[mode]} | {math.exp(means[mode]):.3f} | [{math.exp(lo):.3f}, {math.exp(hi):.3f}] "
+                     f"| {p_adj:.3g} | {reading} |")
+    best = min(means, key=means.get)
+    lines += ["", f"Fastest step here: {MODE_NAMES[best] if means[best] < 0 else MODE_NAMES[CUDA_TAPE_PATH]} "
+              "(one batch and length; `auto`'s rule, `CUDA_TAPE_PATH`, follows the attention sweep by length "
+              "and this step together)."]
+    return lines
+
+
 def sweep_targets_md(sweep: dict) -> list[str]:
     """Markdown lines: per length and TAPE path, the attention operator's forward+backward time
     over RoPE's (TAPE's E updates included) against the operator target, and the fastest path."""
@@ -91,6 +131,9 @@ def window_targets(window: Path) -> list[str]:
         efficiency = json.loads(path.read_text())
         if efficiency.get("machine", {}).get("device") == "cuda":
             out += ["### Efficiency targets (TAPE / RoPE)", "", *targets_md(efficiency), ""]
+            fastest = fastest_path_md(efficiency)
+            if fastest:
+                out += ["### The fastest TAPE path in the training step", "", *fastest, ""]
     path = window / "sweep" / "sweep.json"
     if path.is_file():
         sweep = json.loads(path.read_text())

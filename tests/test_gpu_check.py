@@ -295,6 +295,29 @@ def test_a_benchmark_whose_rope_step_is_host_bound_says_so(tmp_path: Path) -> No
     assert not any("MFU" in line for line in targets_md(efficiency))
 
 
+def test_the_page_says_which_tape_path_ran_the_training_step_fastest() -> None:
+    """Paired over the benchmark's rounds against auto's CUDA path: on the H200 record (the kernel
+    of bb65664) two SDPA calls ran the step 8 % faster than the Triton kernel; a path given the
+    kernel's own times shows no difference; no per-round samples, no section."""
+    import copy
+
+    from pipelines.gpu_targets import fastest_path_md
+
+    efficiency = json.loads(Path("results/gpu-check/20261127-185221/benchmark/efficiency.json").read_text())
+    text = "\n".join(fastest_path_md(efficiency))
+    assert "| two SDPA calls | 0.917 | [0.866, 0.972] |" in text and "| FlexAttention | 0.993 |" in text
+    assert text.count("| faster |") == 2 and "Fastest step here: two SDPA calls" in text
+    slow = copy.deepcopy(efficiency)
+    rows = slow["train_step"]["rows"]
+    for mode in ("unfused", "concat", "padded", "flex"):
+        rows[f"tape_{mode}"]["time_s"]["samples_s"] = [1.2 * t for t in rows["tape_triton"]["time_s"]["samples_s"]]
+    text = "\n".join(fastest_path_md(slow))
+    assert text.count("| slower |") == 4 and "Fastest step here: the Triton kernel" in text
+    for row in rows.values():
+        row["time_s"].pop("samples_s", None)
+    assert fastest_path_md(slow) == []
+
+
 def test_the_page_judges_the_operator_target_by_length_from_a_gpu_sweep(tmp_path: Path) -> None:
     """sweep/sweep.json of a window (a fixture shaped like tape/bench/sweep.py's) becomes a table
     against the 1.6 operator target, with the fastest path per length; a CPU sweep is not judged."""
