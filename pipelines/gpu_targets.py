@@ -17,6 +17,8 @@ host launching kernels, and the ratio counts launches rather than work (docs/dev
 HOST_BOUND_MFU = 0.2
 """Below this model-FLOP utilisation of RoPE's step, the benchmark's targets table says the step is
 probably host-bound (a statement beside the verdicts, which stand)."""
+AUTO_MODES = {"triton": "triton", "flex": "flex", "two_calls": "unfused", "concat": "concat"}
+"""tape/model/attention.py's ``CUDA_TAPE_PATH`` names -> the benchmark's names of the same paths."""
 MODE_NAMES = {"fused": "tape_fused=true (auto: the Triton kernel)", "triton": "the Triton kernel",
               "flex": "FlexAttention", "unfused": "two SDPA calls", "concat": r"one SDPA call, [V \| E]",
               "padded": "one SDPA call, q and k padded"}
@@ -73,15 +75,15 @@ def fastest_path_md(efficiency: dict) -> list[str]:
     from tape.report.paired import holm, sign_flip_pvalue, t_interval
 
     rows = efficiency["train_step"]["rows"]
-    auto = f"tape_{CUDA_TAPE_PATH}"
-    base = ((rows.get(auto) or {}).get("time_s") or {}).get("samples_s")
-    others = [m for m in MODE_NAMES if m not in ("fused", CUDA_TAPE_PATH)
+    chosen = AUTO_MODES[CUDA_TAPE_PATH]  # the benchmark's name for auto's CUDA path
+    base = ((rows.get(f"tape_{chosen}") or {}).get("time_s") or {}).get("samples_s")
+    others = [m for m in MODE_NAMES if m not in ("fused", chosen)
               and ((rows.get(f"tape_{m}") or {}).get("time_s") or {}).get("samples_s")]
     if not base or not others:
         return []
     deltas = {m: np.log(np.array(rows[f"tape_{m}"]["time_s"]["samples_s"]) / np.array(base)) for m in others}
     adjusted = holm([sign_flip_pvalue(d) for d in deltas.values()])
-    lines = [f"Training step time of each TAPE path over {MODE_NAMES[CUDA_TAPE_PATH]}'s (`auto` on CUDA), "
+    lines = [f"Training step time of each TAPE path over that of `auto`'s path on CUDA ({MODE_NAMES[chosen]}), "
              f"paired over {len(base)} interleaved rounds: geometric mean of the per-round ratios, 95 % t "
              "interval, sign-flip p (Holm over the paths); faster or slower when both the interval and the "
              "adjusted p say so.", "",
@@ -95,7 +97,7 @@ def fastest_path_md(efficiency: dict) -> list[str]:
         lines.append(f"| {MODE_NAMES[mode]} | {math.exp(means[mode]):.3f} | [{math.exp(lo):.3f}, {math.exp(hi):.3f}] "
                      f"| {p_adj:.3g} | {reading} |")
     best = min(means, key=means.get)
-    lines += ["", f"Fastest step here: {MODE_NAMES[best] if means[best] < 0 else MODE_NAMES[CUDA_TAPE_PATH]} "
+    lines += ["", f"Fastest step here: {MODE_NAMES[best] if means[best] < 0 else MODE_NAMES[chosen]} "
               "(one batch and length; `auto`'s rule, `CUDA_TAPE_PATH`, follows the attention sweep by length "
               "and this step together)."]
     return lines

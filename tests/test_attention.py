@@ -323,6 +323,23 @@ def test_cuda_auto_takes_flexattention_first_only_when_measured_faster(monkeypat
     assert _plan(dtype=torch.float32) == Plan("triton", "single")  # compiled flex has no fp32 config
 
 
+@pytest.mark.parametrize("flash", [False, True])
+def test_cuda_auto_takes_sdpa_where_a_gpu_measured_it_fastest(monkeypatch, flash):
+    """CUDA_TAPE_PATH may name an SDPA layout (the sweep's and the benchmark's winner): auto
+    (tape_fused=null) follows it; tape_fused=true still asks for one QKᵀ, the kernel."""
+    from tape.bench.sweep import TAPE_PATHS
+
+    assert set(TAPE_PATHS.values()) == set(attention.CUDA_TAPE_PATHS) and attention.CUDA_TAPE_PATH in TAPE_PATHS.values()
+    _fake(monkeypatch, flash=flash, triton=True)
+    monkeypatch.setattr(attention, "CUDA_TAPE_PATH", "two_calls")
+    assert _plan() == Plan("flash" if flash else "sdpa", "two_calls")
+    assert _plan(fuse=True) == Plan("triton", "single")
+    monkeypatch.setattr(attention, "CUDA_TAPE_PATH", "concat")
+    assert _plan() == Plan("sdpa", "concat") and _plan(fuse="padded") == Plan("sdpa", "padded")
+    _fake(monkeypatch, device="cpu", flash=flash, triton=True)
+    assert _plan() == Plan("sdpa", "concat")  # the CPU keeps its own rule (6 keys: one call)
+
+
 def test_flex_on_cuda_refuses_fp32_with_the_fix(monkeypatch):
     """torch 2.11's compiled FlexAttention found no fp32 launch config for [V | E] on an H200."""
     _fake(monkeypatch, triton=True)

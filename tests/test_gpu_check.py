@@ -313,6 +313,12 @@ def test_the_page_says_which_tape_path_ran_the_training_step_fastest() -> None:
         rows[f"tape_{mode}"]["time_s"]["samples_s"] = [1.2 * t for t in rows["tape_triton"]["time_s"]["samples_s"]]
     text = "\n".join(fastest_path_md(slow))
     assert text.count("| slower |") == 4 and "Fastest step here: the Triton kernel" in text
+    import tape.model.attention as attention
+
+    with pytest.MonkeyPatch.context() as patch:  # auto on two SDPA calls: the kernel is the one compared
+        patch.setattr(attention, "CUDA_TAPE_PATH", "two_calls")
+        text = "\n".join(fastest_path_md(efficiency))
+    assert "`auto`'s path on CUDA (two SDPA calls)" in text and "| the Triton kernel | 1.090 | [1.029, 1.155] |" in text
     for row in rows.values():
         row["time_s"].pop("samples_s", None)
     assert fastest_path_md(slow) == []

@@ -17,7 +17,8 @@ applied to extra value rows E. Backends (``attn_backend``):
 
 ``auto`` falls back in this order. A call without E (every PE but TAPE): flash, else sdpa.
 A TAPE call on CUDA, when ``tape_fused`` is true or null: ``CUDA_TAPE_PATH`` (the Triton kernel,
-or FlexAttention once a GPU sweep measures it faster) where it can run the call, then triton;
+or FlexAttention, or for null SDPA's two calls or one ``concat`` call, whichever a GPU measures
+fastest) where it can run the call, then triton;
 else two equal-width calls with flash-attn or under grouped-query attention (SDPA's fast kernels
 want V as wide as q/k there), else one SDPA ``concat`` call (its memory-efficient and cuDNN
 kernels take a wider value).
@@ -54,11 +55,13 @@ from tape.model.flex import flex_attend, flex_available
 Backend = Literal["auto", "flash", "triton", "flex", "sdpa", "eager"]
 BACKENDS = ("auto", "flash", "triton", "flex", "sdpa", "eager")
 Fuse = Union[bool, Literal["two_calls", "concat", "padded"], None]
-CUDA_TAPE_PATH: Literal["triton", "flex"] = "triton"
-"""``auto``'s first choice for a TAPE call on CUDA, by measurement: the faster one-QKᵀ path in the
-attention sweep's forward+backward (``python -m pipelines.attention_sweep``, its "fastest TAPE
-path" row); the Triton kernel until a GPU sweep says otherwise. Where that row names two_calls or
-concat instead, no one-QKᵀ path wins: ``tape_fused=false`` (or ``concat``) is the setting to use."""
+CUDA_TAPE_PATHS = ("triton", "flex", "two_calls", "concat")
+CUDA_TAPE_PATH: Literal["triton", "flex", "two_calls", "concat"] = "triton"
+"""``auto``'s choice for a TAPE call on CUDA, by measurement: the fastest path in the attention
+sweep's forward+backward (``python -m pipelines.attention_sweep``, its "fastest TAPE path" row,
+which uses these names) and the benchmark's training step (results/gpu.md, "the fastest TAPE path
+in the training step"); the Triton kernel until a GPU says otherwise. two_calls / concat send
+``tape_fused=null`` to SDPA; ``tape_fused=true`` still takes a one-QKᵀ path (the kernel)."""
 CPU_CONCAT_MAX_KEYS = 512
 """On CPU, up to this many keys one [V | E] math call beats two flash calls; beyond, ``padded``."""
 
@@ -237,6 +240,10 @@ def plan_attention(
         return Plan(backend, "single")
     if backend == "flash":
         return Plan("flash", "two_calls")
+    if backend == "auto" and mode == "auto" and cuda and CUDA_TAPE_PATH in ("two_calls", "concat"):
+        if CUDA_TAPE_PATH == "concat":
+            return Plan("sdpa", "concat")
+        return Plan("flash" if flash_ok else "sdpa", "two_calls")
     if backend == "auto" and mode in ("one", "auto") and cuda:
         compiling = torch.compiler.is_compiling()  # the compiler traces flex and SDPA, not our kernel
         if (CUDA_TAPE_PATH == "flex" or compiling) and _flex_ok(q, k, mask, bias):
