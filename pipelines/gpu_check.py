@@ -114,7 +114,7 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
     pytest_cuda = (*py, "-m", "pytest", "-q", "-m", "cuda", *workers, "--durations=10")
     tables = record_dir or runs_dir  # the benchmarks' small tables travel with the window's record
     core = [Check("every encoding, cached decoding, add_tape on CUDA (pytest -m cuda tests/test_cuda_paths.py)",
-                  (*pytest_cuda, PATHS_TESTS), 180, expected_s=90),
+                  (*pytest_cuda, PATHS_TESTS), 240, expected_s=120),
             Check("kernel and training step (pytest -m cuda)", (*pytest_cuda, "tests", f"--ignore={PATHS_TESTS}"), 240,
                   expected_s=155),
             Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120, expected_s=20)]
