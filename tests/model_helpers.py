@@ -16,7 +16,8 @@ ALL_PES = tape.pe.names()
 @functools.cache
 def triton_interpreter_problem() -> str:
     """Why the Triton kernel cannot run on CPU tensors here ("" when it can): triton missing, or
-    its interpreter broken (triton 3.6 with numpy >= 2.4, the GPU image's stack)."""
+    its interpreter failing (as triton 3.6's did with numpy >= 2.4 before our launches squeezed
+    loop bounds)."""
     from tape.kernels import triton_available
 
     if not triton_available():

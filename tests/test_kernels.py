@@ -1,7 +1,7 @@
 """The Triton [V | E] attention kernel against float64 autograd of the eager reference: outputs,
 LSE and the gradients of q, k, v and E. On CPU tensors it runs under the Triton interpreter; on a
 GPU the compiled kernel is tested instead (``-m cuda``) and the interpreter tests are skipped,
-with the reason printed (triton 3.6's interpreter breaks on numpy >= 2.4)."""
+with the reason printed (as they are wherever the interpreter cannot run)."""
 
 from __future__ import annotations
 
@@ -218,16 +218,44 @@ def _wide_e_run(device: str, dtype: torch.dtype) -> None:
 
 
 @interpreted
+def test_a_loop_bound_reads_as_an_index_under_the_interpreter(monkeypatch):
+    """Triton 3.6's interpreter turned a loop bound into an int with ``int(array)``, which numpy
+    >= 2.4 refuses for a one-element array: our launches squeeze it first (triton 3.9's fix), so
+    the interpreter runs on the GPU image's stack (triton 3.6, numpy 2.5) too. Here the old
+    ``__index__`` is put in place to show the shim replaces it."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def strict(tensor, scope):  # triton 3.6's __index__ under numpy >= 2.4
+        original(tensor, scope)
+
+        def index(self):
+            data = self.handle.data
+            if data.ndim:
+                raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+            return int(data)
+
+        scope.set_attr(tensor, "__index__", index)
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", strict)
+    _compare((1, 2, 1, 9, 21, 16, 16, 8), block=16, seed=5)
+
+
+@interpreted
 def test_the_interpreter_leaves_triton_language_as_it_found_it():
     """Triton's library functions run interpreted patch triton.language and never undo it: every
     later compile in the process failed (a CPU test, then a GPU or sm_90 compile)."""
     import triton.language as tl
+    from triton.runtime import interpreter
 
     owners = [tl, tl.core, tl.math, tl.core.tensor]
     before = [dict(vars(owner)) for owner in owners]
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
     q, k, v, e = (x.requires_grad_() for x in _inputs(1, 2, 1, 20, 20, 16, 16, 16, seed=3))
     o, oe = fused_attention(q.float(), k.float(), v.float(), e.float())
     (o.sum() + oe.sum()).backward()
+    assert getattr(interpreter, "_patch_lang_tensor", None) is patch_tensor  # our shim is undone too
     for owner, attrs in zip(owners, before):
         changed = sorted(n for n in set(attrs) | set(vars(owner)) if vars(owner).get(n) is not attrs.get(n))
         assert not changed, f"{owner.__name__}: {changed[:5]}"

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
+from triton.runtime import interpreter
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -309,15 +310,26 @@ def _interpreting() -> Iterator[None]:
     """
     original = JITFunction.__call__
     saved = [(owner, dict(vars(owner))) for owner in _language_owners()]
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
 
     def call(self, *args, **kwargs):
         return _kernel(self.fn, True)(*args, **kwargs)
 
+    def patch_tensor_with_scalar_index(tensor, scope) -> None:
+        """Triton 3.6's interpreter reads a loop bound with ``int(array)``, which numpy >= 2.4
+        refuses for a one-element array; triton 3.9 squeezes it first, as here."""
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
     JITFunction.__call__ = call
+    if patch_tensor is not None:
+        interpreter._patch_lang_tensor = patch_tensor_with_scalar_index
     try:
         yield
     finally:
         JITFunction.__call__ = original
+        if patch_tensor is not None:
+            interpreter._patch_lang_tensor = patch_tensor
         for owner, attrs in saved:
             _restore_attrs(owner, attrs)
 
