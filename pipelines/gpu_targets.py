@@ -17,8 +17,6 @@ host launching kernels, and the ratio counts launches rather than work (docs/dev
 HOST_BOUND_MFU = 0.2
 """Below this model-FLOP utilisation of RoPE's step, the benchmark's targets table says the step is
 probably host-bound (a statement beside the verdicts, which stand)."""
-AUTO_MODES = {"triton": "triton", "flex": "flex", "two_calls": "unfused", "concat": "concat"}
-"""tape/model/attention.py's ``CUDA_TAPE_PATH`` names -> the benchmark's names of the same paths."""
 MODE_NAMES = {"fused": "tape_fused=true (auto: the Triton kernel)", "triton": "the Triton kernel",
               "flex": "FlexAttention", "unfused": "two SDPA calls", "concat": r"one SDPA call, [V \| E]",
               "padded": "one SDPA call, q and k padded"}
@@ -71,11 +69,12 @@ def fastest_path_md(efficiency: dict) -> list[str]:
 
     import numpy as np
 
+    from tape.bench.sweep import TAPE_PATHS
     from tape.model.attention import CUDA_TAPE_PATH
     from tape.report.paired import holm, sign_flip_pvalue, t_interval
 
     rows = efficiency["train_step"]["rows"]
-    chosen = AUTO_MODES[CUDA_TAPE_PATH]  # the benchmark's name for auto's CUDA path
+    chosen = {path: label.removeprefix("tape_") for label, path in TAPE_PATHS.items()}[CUDA_TAPE_PATH]  # its benchmark name
     base = ((rows.get(f"tape_{chosen}") or {}).get("time_s") or {}).get("samples_s")
     others = [m for m in MODE_NAMES if m not in ("fused", chosen)
               and ((rows.get(f"tape_{m}") or {}).get("time_s") or {}).get("samples_s")]

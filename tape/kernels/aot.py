@@ -87,7 +87,9 @@ def compile_kernel(kernel: str, dtype: str, head_dim: int, config: LaunchConfig)
     jit = triton.jit(fn)
     tile = ta._block(head_dim)
     constexprs: dict[str, object] = dict(
-        PREC="ieee" if dtype == "float32" else "tf32", UPCAST=False, SPLIT=dtype != "float32", BLOCK_D=tile, BLOCK_DV=tile, BLOCK_DE=tile,
+        PREC="ieee" if dtype == "float32" else "tf32", UPCAST=False,
+        SPLIT=ta.splits(torch.empty(0, dtype=getattr(torch, dtype), device="meta")),  # as a GPU launch decides
+        BLOCK_D=tile, BLOCK_DV=tile, BLOCK_DE=tile,
         BLOCK_M=config.block_n if kernel != "_fwd" else config.block_m, BLOCK_N=config.block_n)
     values = _specialisation(kernel, dtype, head_dim)
     signature, attrs = {}, {}
