@@ -227,7 +227,7 @@ def test_only_the_kernel_takes_a_float32_e_uncast(monkeypatch, backend, passed):
     q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
     seen = []
     monkeypatch.setattr(attention, "triton_available", lambda: True)
-    monkeypatch.setattr(attention, "_triton", lambda q, k, v, extra, scale: seen.append(extra.dtype) or [v, v])
+    monkeypatch.setattr(attention, "_triton", lambda q, k, v, extra, scale, rotation=None: seen.append(extra.dtype) or [v, v])
     real_sdpa = attention._sdpa
     monkeypatch.setattr(attention, "_sdpa", lambda q, k, v, *a: seen.append(v.dtype) or real_sdpa(q, k, v, *a))
     attend(q, k, v, extra=e, backend=backend, fuse=False)

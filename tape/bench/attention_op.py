@@ -38,10 +38,12 @@ class AttentionOp:
     def __call__(self) -> tuple[Tensor, Tensor | None]:
         layer = self.layer
         state = layer.before_attention(self.state, self.m, None, 0)  # FoX's gates; m stands in for x
-        q, k = layer.rotate(self.q, self.k, state)
-        q, k = q.to(self.v.dtype), k.to(self.v.dtype)  # as the model: rotated in E's float32
+        q, k, rotation = self.q, self.k, layer.rotation(state)  # as the model: TAPE's attend rotates
+        if rotation is None:
+            q, k = layer.rotate(q, k, state)
+            q, k = q.to(self.v.dtype), k.to(self.v.dtype)  # rotated in E's float32
         out, extra_out = attend(
-            q, k, self.v, extra=layer.extra_values(state), bias=self.bias(q, k, state),
+            q, k, self.v, extra=layer.extra_values(state), rotation=rotation, bias=self.bias(q, k, state),
             alibi_slopes=layer.alibi_slopes(), backend=self.backend, fuse=self.fuse,
         )  # (B, H, N, d), (B, H, N, d) or None
         state = layer.after_attention(state, extra_out)

@@ -24,25 +24,22 @@ def _rel(delta: Tensor, base: Tensor) -> float:
 
 @contextlib.contextmanager
 def _recording(layers: list[TAPELayer], record: dict[str, list[float]]) -> Iterator[None]:
-    """Wrap each layer's rotate and after_mlp (where TAPE applies both E updates) on the
-    instance, then restore."""
+    """Wrap each layer's after_mlp (where TAPE applies both E updates, every layer calls it) on
+    the instance, then restore."""
     seen_e: list[Tensor] = []
 
     def wrap(layer: TAPELayer) -> None:
-        rotate, after_mlp = layer.rotate, layer.after_mlp
+        after_mlp = layer.after_mlp
 
-        def rotate_(q, k, state):  # noqa: ANN001, ANN202 - same signature as the hook
-            seen_e.append(state.rot.detach())
-            return rotate(q, k, state)
-
-        def after_mlp_(state, mlp_out):  # noqa: ANN001, ANN202
+        def after_mlp_(state, mlp_out):  # noqa: ANN001, ANN202 - same signature as the hook
+            seen_e.append(state.rot.detach())  # the E this layer rotated q and k with
             mid = layer.attention_updated(state)  # E after the attention update, before the mix
             new = after_mlp(state, mlp_out)
             record["attn"].append(_rel(mid - state.rot, state.rot))
             record["mlp"].append(_rel(new.rot - mid, mid))
             return new
 
-        layer.rotate, layer.after_mlp = rotate_, after_mlp_
+        layer.after_mlp = after_mlp_
 
     for layer in layers:
         wrap(layer)
@@ -50,8 +47,7 @@ def _recording(layers: list[TAPELayer], record: dict[str, list[float]]) -> Itera
         yield
     finally:
         for layer in layers:  # drop the instance attributes: the class methods show again
-            for name in ("rotate", "after_mlp"):
-                layer.__dict__.pop(name, None)
+            layer.__dict__.pop("after_mlp", None)
         if seen_e:
             e0 = seen_e[0]
             record["move"] = [_rel(e - e0, e0) for e in seen_e]

@@ -51,6 +51,7 @@ from torch import Tensor
 
 from tape import kernels
 from tape.model.flex import flex_attend, flex_available
+from tape.pe.rope import rotate_grouped
 
 Backend = Literal["auto", "flash", "triton", "flex", "sdpa", "eager"]
 BACKENDS = ("auto", "flash", "triton", "flex", "sdpa", "eager")
@@ -154,11 +155,15 @@ def _flash(q, k, v, alibi_slopes, scale):
 
 
 @torch.compiler.disable  # forced under torch.compile: run the kernel eagerly (a graph break)
-def _triton(q, k, v, extra, scale):
+def _triton(q, k, v, extra, scale, rotation=None):
     from tape.kernels.triton_attention import fused_attention, takes_wide
 
     if not takes_wide(extra, v):
         extra = extra.to(v.dtype)
+    if rotation is not None:  # q and k unrotated: rotated inside one autograd node with the kernel
+        from tape.model.rotary_attention import rotary_fused_attention
+
+        return list(rotary_fused_attention(q, k, v, extra, rotation, scale))
     return list(fused_attention(q, k, v, extra, scale))  # a float32 E is cast inside, saved uncast
 
 
@@ -270,6 +275,7 @@ def attend(
     v: Tensor,
     *,
     extra: Tensor | None = None,
+    rotation: Tensor | None = None,
     mask: Tensor | None = None,
     bias: Tensor | None = None,
     alibi_slopes: Tensor | None = None,
@@ -277,6 +283,10 @@ def attend(
     fuse: Fuse = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Causal attention. q: (B, H, Nq, d); k, v: (B, Hkv, Nk, d); extra: (B, Hkv, Nk, de).
+
+    rotation: (B, Hkv or 1, N, d) as [cos | sin] (TAPE's E), with q and k unrotated and Nq == Nk:
+    q and k are rotated by it (``rope.rotate_grouped``, in >= float32, then cast to v's dtype);
+    on the Triton kernel inside its autograd node, which keeps them unrotated for backward.
 
     mask: (B or 1, 1, Nq, Nk) bool from ``causal_mask``, or None for the plain causal case
     (Nq == Nk, or a single query that sees every key). bias: (B or 1, H, Nq, Nk) float, added to
@@ -287,6 +297,10 @@ def attend(
     scale = 1.0 / math.sqrt(q.shape[-1])
     is_causal = mask is None and q.shape[-2] == k.shape[-2] and q.shape[-2] > 1
     plan = plan_attention(backend, fuse, q, k, extra, mask, bias, alibi_slopes is not None)
+    if rotation is not None and plan.backend != "triton":
+        q, k = rotate_grouped(q, k, rotation)
+        q, k = q.to(v.dtype), k.to(v.dtype)  # rotated in E's float32: back to the attention's dtype
+        rotation = None
     if extra is not None and plan.backend != "triton":  # the kernel takes E as it is (_triton)
         extra = extra.to(v.dtype)
     values = [v] if extra is None else [v, extra]
@@ -295,7 +309,7 @@ def attend(
     if plan.backend == "eager":
         outs = _eager(q, k, values, mask, bias, is_causal, scale)
     elif plan.backend == "triton":
-        outs = _triton(q, k, v, extra, scale)
+        outs = _triton(q, k, v, extra, scale, rotation)
     elif plan.backend == "flex":
         both = flex_attend(q, k, torch.cat([v, extra], dim=-1), scale)  # (B, H, Nq, d + de)
         outs = [both[..., :width], both[..., width:]]

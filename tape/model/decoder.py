@@ -97,8 +97,10 @@ def attention_forward(
     q = attn.q_proj(x).view(b, n, n_heads, head_dim).transpose(1, 2)  # (B, H, N, d)
     k = attn.k_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, N, d)
     v = attn.v_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)
-    q, k = pe.rotate(q, k, state)
-    q, k = q.to(v.dtype), k.to(v.dtype)  # rotated in E's float32: back to the attention's dtype
+    rotation = pe.rotation(state) if cache is None else None  # TAPE: attend rotates q, k with E
+    if rotation is None:
+        q, k = pe.rotate(q, k, state)
+        q, k = q.to(v.dtype), k.to(v.dtype)  # rotated in E's float32: back to the attention's dtype
     own = pe.attention(q, k, v, state, mask) if cache is None else None  # PaTH's kernel
     if own is not None:
         return attn.o_proj(own.transpose(1, 2).reshape(b, n, n_heads * head_dim)), None
@@ -110,7 +112,7 @@ def attention_forward(
     if score_bias is not None:
         bias = score_bias if bias is None else bias + score_bias
     out, extra_out = attend(
-        q, k, v, extra=extra, mask=mask, bias=bias,
+        q, k, v, extra=extra, rotation=rotation, mask=mask, bias=bias,
         alibi_slopes=pe.alibi_slopes(), backend=backend, fuse=fuse,
     )
     out = out.transpose(1, 2).reshape(b, n, n_heads * head_dim)

@@ -58,6 +58,12 @@ class LayerPE(nn.Module):
         """q: (B, H, N, d), k: (B, Hkv, N, d) for the current tokens -> rotated q, k."""
         return q, k
 
+    def rotation(self, state: PositionState) -> Tensor | None:
+        """A rotation ``attend`` applies to q and k itself (``rope.rotate_grouped``), (B, Hkv, N, d)
+        as [cos | sin]: then the decoder skips ``rotate`` on calls without a cache and q and k
+        reach ``attention`` and ``score_bias`` unrotated (TAPE defines neither). None: ``rotate``."""
+        return None
+
     def attn_bias(self, state: PositionState) -> Tensor | None:
         """Additive attention logits, (B or 1, H, N, T) float32, or None."""
         return None

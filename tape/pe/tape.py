@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from tape.pe import register
 from tape.pe.base import LayerPE, PositionalEncoding, PositionState, RotaryOptions
-from tape.pe.rope import rope_table, rotate
+from tape.pe.rope import rope_table, rotate_grouped
 
 if TYPE_CHECKING:
     from tape.model.config import ModelConfig
@@ -198,9 +198,12 @@ class TAPELayer(LayerPE):
 
     # ---------------------------------------------------------------- hooks
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
-        rot = state.rot  # (B, He, N, d)
-        rot_q = rot.repeat_interleave(self.groups, dim=1) if self.groups > 1 else rot
-        return rotate(q, rot_q), rotate(k, rot)
+        return rotate_grouped(q, k, state.rot)  # E (B, He, N, d)
+
+    def rotation(self, state: PositionState) -> Tensor | None:
+        """E: ``attend`` rotates q and k with it (``rotate``'s rule), inside the Triton kernel's
+        autograd node when the call runs there, which then keeps q and k unrotated for backward."""
+        return state.rot
 
     def extra_values(self, state: PositionState) -> Tensor | None:
         return state.rot if self.post_attn is not None else None

@@ -1,0 +1,127 @@
+"""TAPE's rotation inside the Triton kernel's autograd node (tape/model/rotary_attention.py):
+the rotation's gradient by hand equals autograd's; the node equals rotating first and attending
+after, in outputs and every gradient (E's through both the rotation and the values), against
+float64; it keeps q and k unrotated for backward and no rotated copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_helpers import tiny_model, triton_interpreter_problem
+from test_kernels import interpreted, reference
+
+from tape.bench.memory import saved_tensor_bytes
+from tape.pe.rope import rotate, rotate_backward, rotate_grouped
+
+pytest.importorskip("triton")
+from tape.kernels.triton_attention import fused_attention  # noqa: E402
+from tape.model.rotary_attention import rotary_fused_attention  # noqa: E402
+
+
+@pytest.mark.parametrize("rot_shape", [(2, 3, 5, 8), (2, 1, 5, 8), (1, 1, 5, 8)])
+def test_rotate_backward_is_the_vjp_of_rotate(rot_shape):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    rot = torch.randn(*rot_shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 3, 5, 8, generator=gen, dtype=torch.float64)
+    want_x, want_rot = torch.autograd.grad(rotate(x, rot), (x, rot), grad)
+    got_x, got_rot = rotate_backward(grad, x.detach(), rot.detach())
+    dims = [i for i, n in enumerate(rot_shape) if n == 1]
+    got_rot = got_rot.sum(dims, keepdim=True) if dims else got_rot
+    torch.testing.assert_close(got_x, want_x, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(got_rot, want_rot, atol=1e-12, rtol=1e-12)
+
+
+def _case(b, h, hkv, n, d, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    k, v, e = (torch.randn(b, hkv, n, d, generator=gen, dtype=torch.float64) for _ in range(3))
+    return q, k, v, e
+
+
+CASES = [dict(b=1, h=4, hkv=2, n=13, d=16), dict(b=2, h=2, hkv=2, n=20, d=32)]
+CUDA_CASES = [dict(b=2, h=4, hkv=4, n=100, d=64), dict(b=1, h=8, hkv=2, n=77, d=128)]
+RUNS = [pytest.param("cpu", case, marks=interpreted) for case in CASES] + [
+    pytest.param("cuda", case, marks=pytest.mark.cuda) for case in CUDA_CASES]
+
+
+@pytest.mark.parametrize("device,case", RUNS, ids=lambda c: c if isinstance(c, str) else
+                         f"h{c['h']}-hkv{c['hkv']}-n{c['n']}-d{c['d']}")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+def test_the_node_equals_rotating_then_attending_against_float64(device, case, dtype, tol):
+    """E (float32, as TAPE keeps it) is both the rotation and the extra values; q, k, v in dtype.
+    On CPU under the Triton interpreter; marked cuda, compiled on a GPU (fp32 there: 1e-4, as the
+    kernel's own test)."""
+    tol = 1e-4 if device == "cuda" and dtype == torch.float32 else tol
+    q, k, v, e = _case(**case)
+    q, k, v = (x.to(dtype).double() for x in (q, k, v))  # the reference sees the rounded inputs
+    e = e.float().double()
+    ours = [x.to(device) for x in (q.to(dtype), k.to(dtype), v.to(dtype), e.float())]
+    ref = [x.clone() for x in (q, k, v, e)]
+    for x in (*ours, *ref):
+        x.requires_grad_()
+    o, oe = rotary_fused_attention(*ours, ours[3])
+    qr, kr = rotate_grouped(ref[0], ref[1], ref[3])
+    r_o, r_oe, _ = reference(qr, kr, ref[2], ref[3])
+    gen = torch.Generator().manual_seed(1)
+    g_o, g_oe = (torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (r_o, r_oe))
+    ((o.double().cpu() * g_o).sum() + (oe.double().cpu() * g_oe).sum()).backward()
+    ((r_o * g_o).sum() + (r_oe * g_oe).sum()).backward()
+    pairs = {"o": (o, r_o), "oe": (oe, r_oe)}
+    pairs.update({f"d{n}": (a.grad, r.grad) for n, a, r in zip("qkve", ours, ref)})
+    assert ours[0].grad.dtype == dtype and ours[3].grad.dtype == torch.float32
+    for name, (got, want) in pairs.items():
+        err = (got.double().cpu() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e}"
+
+
+@interpreted
+def test_a_rotation_shared_over_heads_gets_its_summed_gradient():
+    """rot (B, 1, N, d) broadcast over the heads, apart from E: its gradient is summed over them."""
+    q, k, v, e = _case(b=1, h=4, hkv=2, n=9, d=16)
+    rot = torch.randn(1, 1, 9, 16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    ours = [x.float().requires_grad_() for x in (q, k, v, e, rot)]
+    ref = [x.clone().requires_grad_() for x in (q, k, v, e, rot)]
+    o, oe = rotary_fused_attention(*ours)
+    qr, kr = rotate_grouped(ref[0], ref[1], ref[4])
+    r_o, r_oe, _ = reference(qr, kr, ref[2], ref[3])
+    (o.double().sum() + oe.double().square().sum()).backward()
+    (r_o.sum() + r_oe.square().sum()).backward()
+    for got, want in zip(ours, ref):
+        assert got.grad.shape == want.shape
+        torch.testing.assert_close(got.grad.double(), want.grad, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(bool(triton_interpreter_problem()), reason=triton_interpreter_problem() or "runs")
+def test_the_node_keeps_q_and_k_unrotated_and_no_rotated_copy():
+    """Rotating apart keeps q, k (for E's gradient), their rotated copies (for the attention's)
+    and, under grouped-query attention, E repeated per query head: the node keeps q and k only."""
+    q, k, v, e = (x.float().requires_grad_() for x in _case(b=1, h=4, hkv=2, n=16, d=16))
+
+    def apart():
+        qr, kr = rotate_grouped(q, k, e)
+        return fused_attention(qr, kr, v, e)
+
+    def node():
+        return rotary_fused_attention(q, k, v, e, e)
+
+    repeated_e = q.numel() * e.element_size()  # (B, H, N, d): 4 query heads over 2 E heads
+    assert saved_tensor_bytes(apart) - saved_tensor_bytes(node) == q.nbytes + k.nbytes + repeated_e
+
+
+@pytest.mark.skipif(bool(triton_interpreter_problem()), reason=triton_interpreter_problem() or "runs")
+def test_the_decoder_hands_tape_rotation_to_the_kernel_node_only_without_a_cache(monkeypatch):
+    """Calls without a cache (training) reach the node with q, k unrotated; with a cache
+    (generation) the layer rotates them as before."""
+    import tape.model.rotary_attention as rotary
+
+    calls = []
+    real = rotary.rotary_fused_attention
+    monkeypatch.setattr(rotary, "rotary_fused_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = tiny_model("tape", n_layers=3, attn_backend="triton").eval()
+    ids = torch.randint(0, 37, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(ids)
+        assert len(calls) == 2  # the layers with E values (the last has none: SDPA, rotated in attend)
+        model.generate(ids, max_new_tokens=2)
+    assert len(calls) == 2
