@@ -64,3 +64,44 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graphs_only_on_cuda(
     assert marks == [1, 1]
     with pytest.raises(SystemExit):
         step_profile.main(["--compile-mode", "fastest"])
+
+
+def test_device_ops_count_kernels_not_views_or_allocations() -> None:
+    import torch
+
+    from tape.bench.dispatch_count import device_ops
+
+    x = torch.randn(4, 6)
+    ops = device_ops(lambda: (x.t().reshape(24)[4:] * 2).view(4, -1).sum())
+    assert ops == {"clone": 1, "mul": 1, "sum": 1}  # flattening the transposed copies; views do not
+
+
+def test_a_triton_launch_counts_once_whatever_the_interpreter_dispatches() -> None:
+    from model_helpers import triton_interpreter_problem
+
+    if triton_interpreter_problem():
+        pytest.skip(triton_interpreter_problem())
+    import torch
+
+    from tape.bench.dispatch_count import device_ops
+    from tape.kernels.triton_attention import attention_forward
+
+    q, k, v, e = (torch.randn(1, 2, 16, 16) for _ in range(4))
+    ops = device_ops(lambda: attention_forward(q, k, v, e))
+    assert ops["triton:_fwd"] == 1 and "copy_" not in ops  # the interpreter's copies are its own
+
+
+def test_variants_and_layers_reach_the_profile(capsys: pytest.CaptureFixture) -> None:
+    """--variants picks the models (rope first; tape_unfused here), --layers the depth, --bf16
+    autocast; TAPE's extra operators grow with the layers that update E."""
+    counts = {}
+    for layers in (2, 4):
+        assert step_profile.main(["--device", "cpu", "--batches", "1", "--seq-len", "8", "--bf16",
+                                  "--layers", str(layers), "--variants", "rope,tape_unfused"]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["autocast"] == "bfloat16" and set(out["batch_1"]) == {"rope", "tape_unfused"}
+        rows = out["batch_1"]
+        counts[layers] = rows["tape_unfused"]["ops_per_step"] - rows["rope"]["ops_per_step"]
+    assert counts[4] > counts[2] > 0
+    with pytest.raises(ValueError, match="start with rope"):
+        step_profile.step_profile("cpu", [1], 8, labels=["tape_unfused", "rope"])

@@ -4,7 +4,10 @@ the kernels that take the most time, TAPE beside RoPE, at two batch sizes.
 A step whose device is busy for a small share of its wall time is bound by the host (Python and
 kernel launches), and there a TAPE/RoPE time ratio measures launch counts, not work. Run it with
 ``python -m tape.bench.step_profile`` (one JSON line; on CUDA the 155M model at 1024 tokens).
-On CPU it counts the aten operators a step dispatches instead of kernels (a wiring check).
+On CPU it counts instead the operators a step's forward and backward dispatch that would each
+launch a kernel on a GPU (``tape.bench.dispatch_count``; the optimizer, foreach on a GPU, left out):
+a stand-in for launches where no GPU is at hand. ``--variants`` picks the models
+(``tape_triton``: TAPE through the Triton kernel, under the interpreter on a CPU).
 ``--compile`` runs every model through ``torch.compile`` (minutes of compiling on the GPU), which
 removes most launches: the ratio that remains is the work's. ``--compile-mode reduce-overhead``
 also replays each compiled graph as a CUDA graph (one launch for the graph's kernels).
@@ -20,9 +23,10 @@ from typing import Any, Sequence
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from tape.bench.dispatch_count import device_ops
 from tape.bench.timing import synchronize, time_interleaved
 from tape.bench.train_step import TrainStep
-from tape.bench.variants import make_variants
+from tape.bench.variants import TAPE_MODES, make_variants
 from tape.model import ModelConfig
 
 PAPER_SHAPE = dict(vocab_size=32000, n_layers=12, d_model=768, n_heads=12, max_seq_len=1024)
@@ -44,17 +48,22 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
 
 def profile_step(step: TrainStep, device: torch.device, steps: int) -> dict[str, Any]:
     """Profile ``steps`` calls of ``step`` (already warm): per step, the device's busy time and
-    kernel count (CUDA), or the aten operators dispatched (CPU); the 8 costliest kernels."""
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    kernel count, the 8 costliest kernels (CUDA); or the device operators its forward and
+    backward dispatch (CPU, ``dispatch_count``)."""
+    if device.type != "cuda":
+        if hasattr(step.model, "_orig_mod"):  # compiled: counting would retrace it under the mode
+            return {}
+        total = 0
+        for _ in range(steps):
+            total += sum(device_ops(lambda: step.loss().backward()).values())
+            step.optimizer.step()
+            step.optimizer.zero_grad(set_to_none=True)
+        return {"ops_per_step": total / steps}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         synchronize(device)
     events = prof.events()
-    if not cuda:
-        ops = [e for e in events if e.name.startswith("aten::") and not e.cpu_children]
-        return {"ops_per_step": len(ops) / steps}
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     spans = [(e.time_range.start, e.time_range.end) for e in kernels]
     by_name: Counter[str] = Counter()
@@ -69,17 +78,24 @@ def profile_step(step: TrainStep, device: torch.device, steps: int) -> dict[str,
 
 def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len: int = 1024,
                  shape: dict | None = None, warmup: int = 3, timed: int = 10, profiled: int = 3,
-                 compile_model: bool = False, compile_mode: str = "default") -> dict[str, Any]:
-    """Per batch size and variant: wall ms per step, the profile, and TAPE/RoPE ratios of both."""
+                 compile_model: bool = False, compile_mode: str = "default",
+                 labels: Sequence[str] | None = None, bf16: bool | None = None) -> dict[str, Any]:
+    """Per batch size and variant (``labels``, RoPE first): wall ms per step, the profile, and
+    TAPE/RoPE ratios of both. ``bf16``: autocast (default: on CUDA only)."""
     dev = torch.device(device)
     base = ModelConfig(**(shape or (PAPER_SHAPE if dev.type == "cuda" else TINY_SHAPE)))
-    variants = {v.label: v for v in make_variants(["tape", "rope"], ["fused", "unfused"])}
-    autocast = torch.bfloat16 if dev.type == "cuda" else None
+    variants = {v.label: v for v in make_variants(["tape", "rope"], list(TAPE_MODES))}
+    labels = list(labels or (COMPILED_VARIANTS if compile_model else VARIANTS))
+    unknown = sorted(set(labels) - set(variants))
+    if unknown or labels[0] != "rope":
+        raise ValueError(f"variants {labels}: start with rope, then any of {sorted(set(variants) - {'rope'})}")
+    autocast = torch.bfloat16 if (dev.type == "cuda" if bf16 is None else bf16) else None
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                            "seq_len": seq_len, "compiled": compile_model}
     if compile_model:
         out["compile_mode"] = compile_mode
-    labels = COMPILED_VARIANTS if compile_model else VARIANTS
+    if autocast is not None:
+        out["autocast"] = "bfloat16"
     for batch in batches:
         rows: dict[str, Any] = {}
         for label in labels:
@@ -109,11 +125,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--compile", action="store_true", help="torch.compile every model first")
     p.add_argument("--compile-mode", choices=COMPILE_MODES, default=None,
                    help="torch.compile's mode (implies --compile); reduce-overhead adds CUDA graphs")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated, rope first (default {','.join(VARIANTS)}; compiled: "
+                        f"{','.join(COMPILED_VARIANTS)}); tape_triton: TAPE through the Triton kernel")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="bf16 autocast (default: on CUDA only)")
+    p.add_argument("--layers", type=int, default=None, help="the model's layers (default: the shape's)")
     args = p.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     compiled = args.compile or args.compile_mode is not None
-    print(json.dumps(step_profile(args.device, batches, args.seq_len, compile_model=compiled,
-                                  compile_mode=args.compile_mode or "default")))
+    labels = args.variants.split(",") if args.variants else None
+    shape = dict(PAPER_SHAPE if args.device.startswith("cuda") else TINY_SHAPE)
+    if args.layers is not None:
+        shape["n_layers"] = args.layers
+    print(json.dumps(step_profile(args.device, batches, args.seq_len, shape=shape, compile_model=compiled,
+                                  compile_mode=args.compile_mode or "default", labels=labels, bf16=args.bf16)))
     return 0
 
 
