@@ -122,7 +122,9 @@ class _UpdateE(torch.autograd.Function):
                 grad_t = grad.transpose(1, 2).contiguous()  # (B, N, He, d)
                 grad_u = grad + torch.matmul(mix.transpose(-1, -2), grad_t).transpose(1, 2)
                 grad_mix = torch.matmul(grad_t, u.transpose(1, 2).transpose(-1, -2))  # (B, N, He, He)
-                left = torch.matmul(w2f.t(), grad_mix)  # (B, N, I, He) = W2ᵀ dM
+                b, n, he = grad_mix.shape[:3]
+                left = torch.bmm(w2f.t().expand(b * n, -1, -1), grad_mix.view(b * n, he, he)).view(
+                    b, n, -1, he)  # (B, N, I, He) = W2ᵀ dM, one product (as _head_map)
                 grad_gate = (left * w1f).sum(-1).to(gate.dtype)  # (B, N, I)
                 grad_w1 = torch.einsum("bni,bnij->ij", g, left).to(w1.dtype)  # (I, He)
                 grad_w2 = torch.einsum("bnhj,bni,ij->hi", grad_mix, g, w1f).to(w2.dtype)  # (He, I)
@@ -141,9 +143,11 @@ def _attention_update(e: Tensor, ae: Tensor | None, p: Tensor | None) -> Tensor:
 
 
 def _head_map(p: Tensor, x: Tensor) -> Tensor:
-    """Mix heads: p (G, H), x (B, H, N, d) -> (B, G, N, d), one batched product."""
+    """Mix heads: p (G, H), x (B, H, N, d) -> (B, G, N, d), one batched product (bmm with p
+    broadcast: ``matmul`` folds the batch into one product there, with two copies, when x
+    requires grad)."""
     b, h, n, d = x.shape
-    return torch.matmul(p, x.reshape(b, h, n * d)).view(b, p.shape[0], n, d)
+    return torch.bmm(p.expand(b, -1, -1), x.reshape(b, h, n * d)).view(b, p.shape[0], n, d)
 
 
 def _per_token(mix: Tensor, x: Tensor) -> Tensor:
