@@ -42,10 +42,6 @@ class DeviceOpCounter(TorchDispatchMode):
         finally:
             self._paused -= 1
 
-    @property
-    def total(self) -> int:
-        return sum(self.ops.values())
-
 
 def device_ops(fn: Callable[[], Any]) -> Counter[str]:
     """The device operators ``fn()`` dispatches, by name (``triton:<kernel>`` for our kernels)."""
