@@ -32,6 +32,27 @@ def test_rotate_backward_is_the_vjp_of_rotate(rot_shape):
     torch.testing.assert_close(got_rot, want_rot, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("rot_heads,rot_batch", [(2, 2), (1, 2), (1, 1)])
+def test_rotate_qk_node_equals_autograd_of_the_rotation(rot_heads, rot_batch):
+    """q with 4 heads over k's 2 (GQA), rot per E head or shared over heads or batch rows: outputs
+    and every gradient in float64 equal autograd's of ``rope.rotate_grouped``."""
+    from tape.model.rotation import RotateQK
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(2, 4, 9, 16), (2, 2, 9, 16), (rot_batch, rot_heads, 9, 16)]
+    ours = [torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True) for s in shapes]
+    ref = [x.detach().clone().requires_grad_() for x in ours]
+    g_q, g_k = torch.randn(*shapes[0], generator=gen, dtype=torch.float64), torch.randn(*shapes[1], generator=gen,
+                                                                                        dtype=torch.float64)
+    qr, kr = RotateQK.apply(*ours, torch.float64)
+    ((qr * g_q).sum() + (kr * g_k).sum()).backward()
+    r_qr, r_kr = rotate_grouped(*ref)
+    ((r_qr * g_q).sum() + (r_kr * g_k).sum()).backward()
+    torch.testing.assert_close((qr, kr), (r_qr, r_kr), atol=1e-12, rtol=1e-12)
+    for got, want in zip(ours, ref):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-12, rtol=1e-12)
+
+
 def _case(b, h, hkv, n, d, seed=0):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)

@@ -17,6 +17,11 @@ import torch
 from torch import Tensor
 
 from tape.bench.timing import synchronize
+from tape.model.recompute import observing_saves
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
 
 
 def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> int:
@@ -35,7 +40,7 @@ def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) ->
             seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with observing_saves(pack, _identity):
         out = fn()
     del out
     return sum(seen.values())
@@ -56,7 +61,7 @@ def saved_tensors_by_shape(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()
             seen[ptr] = (old[0] if old else name, max(old[1] if old else 0, storage.nbytes()))
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with observing_saves(pack, _identity):
         out = fn()
     del out
     groups: dict[str, dict[str, int]] = {}

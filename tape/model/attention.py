@@ -41,6 +41,7 @@ All paths are exact; tests check that they agree.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Literal, Union
@@ -51,6 +52,8 @@ from torch import Tensor
 
 from tape import kernels
 from tape.model.flex import flex_attend, flex_available
+from tape.model.recompute import recomputed_in_backward
+from tape.model.rotation import RotateQK, rotate_k, rotate_q
 from tape.pe.rope import rotate_grouped
 
 Backend = Literal["auto", "flash", "triton", "flex", "sdpa", "eager"]
@@ -285,8 +288,9 @@ def attend(
     """Causal attention. q: (B, H, Nq, d); k, v: (B, Hkv, Nk, d); extra: (B, Hkv, Nk, de).
 
     rotation: (B, Hkv or 1, N, d) as [cos | sin] (TAPE's E), with q and k unrotated and Nq == Nk:
-    q and k are rotated by it (``rope.rotate_grouped``, in >= float32, then cast to v's dtype);
-    on the Triton kernel inside its autograd node, which keeps them unrotated for backward.
+    q and k are rotated by it (``rope.rotate_grouped``'s rule, in >= float32, then cast to v's
+    dtype) in one autograd node that keeps them unrotated for backward (on the Triton kernel, the
+    kernel's node); SDPA saves the rotated ones as recipes (``tape.model.recompute``).
 
     mask: (B or 1, 1, Nq, Nk) bool from ``causal_mask``, or None for the plain causal case
     (Nq == Nk, or a single query that sees every key). bias: (B or 1, H, Nq, Nk) float, added to
@@ -297,15 +301,35 @@ def attend(
     scale = 1.0 / math.sqrt(q.shape[-1])
     is_causal = mask is None and q.shape[-2] == k.shape[-2] and q.shape[-2] > 1
     plan = plan_attention(backend, fuse, q, k, extra, mask, bias, alibi_slopes is not None)
+    saved_as_recipes = contextlib.nullcontext()
     if rotation is not None and plan.backend != "triton":
-        q, k = rotate_grouped(q, k, rotation)
-        q, k = q.to(v.dtype), k.to(v.dtype)  # rotated in E's float32: back to the attention's dtype
+        if torch.compiler.is_compiling():  # traced operators: the compiler plans what to save
+            q, k = rotate_grouped(q, k, rotation)
+            q, k = q.to(v.dtype), k.to(v.dtype)
+        else:
+            q, k, recipes = _rotated_with_recipes(q, k, rotation, v.dtype)
+            if plan.backend in ("sdpa", "eager"):  # not flex: its compiled code saves for itself
+                saved_as_recipes = recomputed_in_backward(recipes)
         rotation = None
     if extra is not None and plan.backend != "triton":  # the kernel takes E as it is (_triton)
         extra = extra.to(v.dtype)
     values = [v] if extra is None else [v, extra]
-    width = v.shape[-1]
+    with saved_as_recipes:
+        outs = _dispatch(plan, q, k, v, extra, values, mask, bias, alibi_slopes, is_causal, scale, rotation)
+    return outs[0], (outs[1] if extra is not None else None)
 
+
+def _rotated_with_recipes(q: Tensor, k: Tensor, rot: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, list]:
+    """q and k rotated by rot (one node that keeps them unrotated, ``rotation.RotateQK``) and cast
+    to dtype, and for each a recipe that rebuilds it bit for bit from what that node keeps anyway:
+    SDPA then need not keep the rotated copies (``recompute``)."""
+    q_rot, k_rot = RotateQK.apply(q, k, rot, dtype)
+    return q_rot, k_rot, [(q_rot, lambda: rotate_q(q, rot, dtype)), (k_rot, lambda: rotate_k(k, rot, dtype))]
+
+
+def _dispatch(plan, q, k, v, extra, values, mask, bias, alibi_slopes, is_causal, scale, rotation):
+    """The attention outputs [A·V, A·extra] by the plan's backend and value layout."""
+    width = v.shape[-1]
     if plan.backend == "eager":
         outs = _eager(q, k, values, mask, bias, is_causal, scale)
     elif plan.backend == "triton":
@@ -325,4 +349,4 @@ def attend(
         outs = [both[..., :width], both[..., width:]]
     else:
         outs = [_sdpa(q, k, val, mask, bias, is_causal, scale) for val in values]
-    return outs[0], (outs[1] if extra is not None else None)
+    return outs

@@ -2,8 +2,8 @@
 
 Rotated apart, autograd keeps q and k twice for backward: unrotated (for E's gradient through the
 rotation) and rotated (for the attention's). Here the node keeps them unrotated and recomputes
-the rotation in backward (elementwise, bit for bit the forward's): two (B, H, N, d) tensors less
-per layer between the passes, and one node instead of the rotation's dozen.
+the rotation in backward (``tape.model.rotation``, bit for bit the forward's): two (B, H, N, d)
+tensors less per layer between the passes, and one node instead of two.
 """
 
 from __future__ import annotations
@@ -12,19 +12,11 @@ import torch
 from torch import Tensor
 
 from tape.kernels.triton_attention import _forward, attention_backward, check_inputs
-from tape.pe.rope import rotate_backward, rotated
-
-
-def _grouped(q: Tensor, k: Tensor) -> Tensor:
-    """q (B, H, N, d) as (B, Hkv, H / Hkv, N, d): each key/value head's query group, a view."""
-    b, h, n, d = q.shape
-    return q.view(b, k.shape[1], h // k.shape[1], n, d)
+from tape.model.rotation import rotate_k, rotate_q, rotate_qk_backward
 
 
 def _rotated(q: Tensor, k: Tensor, rot: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """q and k rotated by rot (q's heads by their group's) in >= float32, cast to ``dtype``."""
-    qr = rotated(_grouped(q, k), rot[:, :, None], dtype).view(q.shape)  # rot broadcast over groups
-    return qr, rotated(k, rot, dtype)
+    return rotate_q(q, rot, dtype), rotate_k(k, rot, dtype)
 
 
 class RotaryFusedVEAttention(torch.autograd.Function):
@@ -46,18 +38,8 @@ class RotaryFusedVEAttention(torch.autograd.Function):
         doe = torch.zeros_like(oe) if doe is None else doe
         dqr, dkr, dv, de = attention_backward(qr, kr, v, e, o, oe, lse, do, doe, ctx.scale, None)
         del qr, kr
-        dq, drot_q = rotate_backward(_grouped(dqr, k), _grouped(q, k), rot[:, :, None])  # (B, Hkv, G, N, d)
-        dk, drot_k = rotate_backward(dkr, k, rot)  # (B, Hkv, N, d)
-        drot = None
-        if ctx.needs_input_grad[4]:
-            drot = _sum_to(drot_k.add_(drot_q.sum(2)), rot.shape).to(rot.dtype)
-        return dq.view(q.shape), dk, dv, de, drot, None
-
-
-def _sum_to(x: Tensor, shape: torch.Size) -> Tensor:
-    """x summed over the dims ``shape`` broadcast (a rot shared by heads or batch rows)."""
-    dims = [i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
-    return x.sum(dims, keepdim=True) if dims else x
+        dq, dk, drot = rotate_qk_backward(dqr, dkr, q, k, rot, ctx.needs_input_grad[4])
+        return dq, dk, dv, de, drot, None
 
 
 def rotary_fused_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, rot: Tensor,
