@@ -19,6 +19,7 @@ from torch import Tensor, nn
 import tape.pe as pe_registry
 from tape.model.attention import attend, plan_attention
 from tape.model.config import ModelConfig
+from tape.model.decoder import rotate_or_defer
 from tape.pe.base import LayerPE, PositionState
 
 
@@ -38,10 +39,7 @@ class AttentionOp:
     def __call__(self) -> tuple[Tensor, Tensor | None]:
         layer = self.layer
         state = layer.before_attention(self.state, self.m, None, 0)  # FoX's gates; m stands in for x
-        q, k, rotation = self.q, self.k, layer.rotation(state)  # as the model: TAPE's attend rotates
-        if rotation is None:
-            q, k = layer.rotate(q, k, state)
-            q, k = q.to(self.v.dtype), k.to(self.v.dtype)  # rotated in E's float32
+        q, k, rotation = rotate_or_defer(layer, self.q, self.k, state, self.v.dtype, cached=False)  # as the model
         out, extra_out = attend(
             q, k, self.v, extra=layer.extra_values(state), rotation=rotation, bias=self.bias(q, k, state),
             alibi_slopes=layer.alibi_slopes(), backend=self.backend, fuse=self.fuse,

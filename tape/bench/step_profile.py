@@ -79,11 +79,14 @@ def profile_step(step: TrainStep, device: torch.device, steps: int) -> dict[str,
 def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len: int = 1024,
                  shape: dict | None = None, warmup: int = 3, timed: int = 10, profiled: int = 3,
                  compile_model: bool = False, compile_mode: str = "default",
-                 labels: Sequence[str] | None = None, bf16: bool | None = None) -> dict[str, Any]:
+                 labels: Sequence[str] | None = None, bf16: bool | None = None,
+                 layers: int | None = None) -> dict[str, Any]:
     """Per batch size and variant (``labels``, RoPE first): wall ms per step, the profile, and
-    TAPE/RoPE ratios of both. ``bf16``: autocast (default: on CUDA only)."""
+    TAPE/RoPE ratios of both. ``bf16``: autocast (default: on CUDA only); ``layers`` replaces
+    the shape's."""
     dev = torch.device(device)
-    base = ModelConfig(**(shape or (PAPER_SHAPE if dev.type == "cuda" else TINY_SHAPE)))
+    shape = dict(shape or (PAPER_SHAPE if dev.type == "cuda" else TINY_SHAPE))
+    base = ModelConfig(**(shape if layers is None else {**shape, "n_layers": layers}))
     variants = {v.label: v for v in make_variants(["tape", "rope"], list(TAPE_MODES))}
     labels = list(labels or (COMPILED_VARIANTS if compile_model else VARIANTS))
     unknown = sorted(set(labels) - set(variants))
@@ -135,11 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     compiled = args.compile or args.compile_mode is not None
     labels = args.variants.split(",") if args.variants else None
-    shape = dict(PAPER_SHAPE if args.device.startswith("cuda") else TINY_SHAPE)
-    if args.layers is not None:
-        shape["n_layers"] = args.layers
-    print(json.dumps(step_profile(args.device, batches, args.seq_len, shape=shape, compile_model=compiled,
-                                  compile_mode=args.compile_mode or "default", labels=labels, bf16=args.bf16)))
+    print(json.dumps(step_profile(args.device, batches, args.seq_len, compile_model=compiled,
+                                  compile_mode=args.compile_mode or "default", labels=labels, bf16=args.bf16,
+                                  layers=args.layers)))
     return 0
 
 

@@ -77,6 +77,17 @@ class SelfAttention(nn.Module):
         )
 
 
+def rotate_or_defer(pe: LayerPE, q: Tensor, k: Tensor, state: PositionState, dtype: torch.dtype,
+                    cached: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(q, k, None) rotated by the PE and cast to the attention's dtype, or (q, k, rotation)
+    unrotated with the rotation ``attend`` applies itself (TAPE's E; calls without a cache)."""
+    rotation = None if cached else pe.rotation(state)
+    if rotation is not None:
+        return q, k, rotation
+    q, k = pe.rotate(q, k, state)
+    return q.to(dtype), k.to(dtype), None  # rotated in E's float32: back to the attention's dtype
+
+
 def attention_forward(
     attn: nn.Module,
     x: Tensor,  # (B, N, C)
@@ -97,10 +108,7 @@ def attention_forward(
     q = attn.q_proj(x).view(b, n, n_heads, head_dim).transpose(1, 2)  # (B, H, N, d)
     k = attn.k_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)  # (B, Hkv, N, d)
     v = attn.v_proj(x).view(b, n, n_kv_heads, head_dim).transpose(1, 2)
-    rotation = pe.rotation(state) if cache is None else None  # TAPE: attend rotates q, k with E
-    if rotation is None:
-        q, k = pe.rotate(q, k, state)
-        q, k = q.to(v.dtype), k.to(v.dtype)  # rotated in E's float32: back to the attention's dtype
+    q, k, rotation = rotate_or_defer(pe, q, k, state, v.dtype, cached=cache is not None)
     own = pe.attention(q, k, v, state, mask) if cache is None else None  # PaTH's kernel
     if own is not None:
         return attn.o_proj(own.transpose(1, 2).reshape(b, n, n_heads * head_dim)), None
