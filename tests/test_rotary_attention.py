@@ -11,11 +11,22 @@ from model_helpers import tiny_model, triton_interpreter_problem
 from test_kernels import interpreted, reference
 
 from tape.bench.memory import saved_tensor_bytes
-from tape.pe.rope import rotate, rotate_backward, rotate_grouped
+from tape.pe.rope import broadcast_shape, rotate, rotate_backward, rotate_grouped
 
 pytest.importorskip("triton")
 from tape.kernels.triton_attention import fused_attention  # noqa: E402
 from tape.model.rotary_attention import rotary_fused_attention  # noqa: E402
+
+
+@pytest.mark.parametrize("shapes", [[(2, 3, 5, 8), (2, 1, 5, 8)], [(1, 1, 5, 8), (2, 3, 1, 8), (3, 1, 8)],
+                                    [(2, 0, 5, 8), (1, 1, 5, 8)], [(4,), (2, 1, 4)]])
+def test_broadcast_shape_is_torchs(shapes):
+    assert broadcast_shape(*map(torch.Size, shapes)) == tuple(torch.broadcast_shapes(*shapes))
+
+
+def test_broadcast_shape_refuses_what_does_not_broadcast():
+    with pytest.raises(RuntimeError, match="do not broadcast"):
+        broadcast_shape(torch.Size((2, 3)), torch.Size((2, 4)))
 
 
 @pytest.mark.parametrize("rot_shape", [(2, 3, 5, 8), (2, 1, 5, 8), (1, 1, 5, 8)])
@@ -32,25 +43,84 @@ def test_rotate_backward_is_the_vjp_of_rotate(rot_shape):
     torch.testing.assert_close(got_rot, want_rot, atol=1e-12, rtol=1e-12)
 
 
-@pytest.mark.parametrize("rot_heads,rot_batch", [(2, 2), (1, 2), (1, 1)])
-def test_rotate_qk_node_equals_autograd_of_the_rotation(rot_heads, rot_batch):
-    """q with 4 heads over k's 2 (GQA), rot per E head or shared over heads or batch rows: outputs
-    and every gradient in float64 equal autograd's of ``rope.rotate_grouped``."""
-    from tape.model.rotation import RotateQK
+ROTATIONS = [  # (query heads, key heads, rot heads, rot batch rows, joined)
+    (4, 2, 2, 2, False), (4, 2, 1, 2, False), (4, 2, 1, 1, False),  # GQA, rot per E head or shared
+    (4, 4, 4, 2, True), (4, 4, 4, 1, True), (4, 4, 1, 2, True), (4, 2, 1, 1, True)]
+
+
+@pytest.mark.parametrize("heads,kv_heads,rot_heads,rot_batch,joined", ROTATIONS)
+def test_the_rotation_nodes_equal_autograd_of_the_rotation(heads, kv_heads, rot_heads, rot_batch, joined):
+    """``RotateQK`` (q with 4 heads over k's 2) and ``RotateJoined`` (q and k joined: as many
+    heads, or one rot for all), rot per E head or shared over heads or batch rows: outputs and
+    every gradient in float64 equal autograd's of ``rope.rotate_grouped``."""
+    from tape.model.rotation import RotateJoined, RotateQK, join, joinable
 
     gen = torch.Generator().manual_seed(0)
-    shapes = [(2, 4, 9, 16), (2, 2, 9, 16), (rot_batch, rot_heads, 9, 16)]
+    shapes = [(2, heads, 9, 16), (2, kv_heads, 9, 16), (rot_batch, rot_heads, 9, 16)]
     ours = [torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True) for s in shapes]
     ref = [x.detach().clone().requires_grad_() for x in ours]
-    g_q, g_k = torch.randn(*shapes[0], generator=gen, dtype=torch.float64), torch.randn(*shapes[1], generator=gen,
-                                                                                        dtype=torch.float64)
-    qr, kr = RotateQK.apply(*ours, torch.float64)
+    g_q, g_k = (torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes[:2])
+    if joined:
+        assert joinable(*ours)
+        qr, kr = RotateJoined.apply(join(ours[0], ours[1]), ours[2], torch.float64, heads)
+    else:
+        qr, kr = RotateQK.apply(*ours, torch.float64)
     ((qr * g_q).sum() + (kr * g_k).sum()).backward()
     r_qr, r_kr = rotate_grouped(*ref)
     ((r_qr * g_q).sum() + (r_kr * g_k).sum()).backward()
     torch.testing.assert_close((qr, kr), (r_qr, r_kr), atol=1e-12, rtol=1e-12)
     for got, want in zip(ours, ref):
         torch.testing.assert_close(got.grad, want.grad, atol=1e-12, rtol=1e-12)
+
+
+def test_grouped_queries_with_a_rotation_per_head_are_not_joined():
+    from tape.model.rotation import joinable
+
+    q, k, rot = torch.zeros(1, 4, 3, 8), torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8)
+    assert not joinable(q, k, rot) and joinable(q, k, rot[:, :1]) and joinable(q, q, q)
+
+
+def _rotation_and_sdpa(joined: bool, monkeypatch: pytest.MonkeyPatch):
+    """A projection, TAPE's rotation (with recipes) and SDPA: (loss, how often the rotation is rebuilt)."""
+    import torch.nn.functional as F
+
+    import tape.model.rotation as rotation
+    from tape.model.recompute import recomputed_in_backward
+
+    if not joined:
+        monkeypatch.setattr(rotation, "joinable", lambda *a: False)
+    rebuilt = []
+    for name in ("rotate_joined", "rotate_q", "rotate_k"):
+        real = getattr(rotation, name)
+        monkeypatch.setattr(rotation, name, lambda *a, real=real: rebuilt.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(0)
+    b, n, h, d = 2, 7, 4, 8
+    x = torch.randn(b, n, 32, generator=gen, requires_grad=True)
+    w = torch.randn(2 * h * d, 32, generator=gen, requires_grad=True)
+    rot = torch.randn(b, h, n, d, generator=gen, requires_grad=True)
+    q, k = F.linear(x, w).view(b, n, 2 * h, d).transpose(1, 2).chunk(2, dim=1)
+    qr, kr, recipes = rotation.rotate_with_recipes(q, k, rot, torch.float32)
+    with recomputed_in_backward(recipes):
+        out = F.scaled_dot_product_attention(qr, kr, qr.detach(), is_causal=True)
+    rebuilt.clear()
+    return out.square().sum(), rebuilt, (x, w, rot)
+
+
+def test_joined_q_and_k_rotate_with_fewer_operators_and_one_rebuild(monkeypatch):
+    """The same gradients as rotating q and k apart; the rotated pair rebuilt once for backward
+    (not once each); at least 12 device operators less in backward."""
+    from tape.bench.dispatch_count import device_ops
+
+    counts, grads = {}, {}
+    for joined in (True, False):
+        with monkeypatch.context() as m:
+            loss, rebuilt, leaves = _rotation_and_sdpa(joined, m)
+            counts[joined] = sum(device_ops(loss.backward).values())
+            grads[joined] = [t.grad for t in leaves]
+            assert len(rebuilt) == (1 if joined else 2)
+    for got, want in zip(grads[True], grads[False]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert counts[True] + 12 <= counts[False], counts
 
 
 def _case(b, h, hkv, n, d, seed=0):
@@ -128,6 +198,41 @@ def test_the_node_keeps_q_and_k_unrotated_and_no_rotated_copy():
 
     repeated_e = q.numel() * e.element_size()  # (B, H, N, d): 4 query heads over 2 E heads
     assert saved_tensor_bytes(apart) - saved_tensor_bytes(node) == q.nbytes + k.nbytes + repeated_e
+
+
+@pytest.mark.skipif(bool(triton_interpreter_problem()), reason=triton_interpreter_problem() or "runs")
+def test_the_joined_node_keeps_q_and_k_unrotated_once():
+    """As many query as key heads: the node keeps the joined q and k (their bytes once), not
+    their rotated copies."""
+    q, k, v, e = (x.float().requires_grad_() for x in _case(b=1, h=2, hkv=2, n=16, d=16))
+
+    def apart():
+        qr, kr = rotate_grouped(q, k, e)
+        return fused_attention(qr, kr, v, e)
+
+    assert saved_tensor_bytes(apart) - saved_tensor_bytes(lambda: rotary_fused_attention(q, k, v, e, e)) == (
+        q.nbytes + k.nbytes)
+
+
+@interpreted
+def test_the_kernel_writes_dq_and_dk_into_given_buffers():
+    """``attention_backward(into=...)`` fills the halves of a joined gradient with the same numbers;
+    buffers laid out unlike q and k are refused."""
+    from tape.kernels.triton_attention import attention_backward, attention_forward
+
+    q, k, v, e = (x.float() for x in _case(b=1, h=2, hkv=2, n=20, d=16))
+    qk = torch.cat([q.transpose(1, 2), k.transpose(1, 2)], dim=2).transpose(1, 2)  # token-major
+    q_half, k_half = qk[:, :2], qk[:, 2:]
+    o, oe, lse = attention_forward(q_half, k_half, v, e)
+    gen = torch.Generator().manual_seed(2)
+    do, doe = torch.randn(o.shape, generator=gen), torch.randn(oe.shape, generator=gen)
+    want = attention_backward(q_half.contiguous(), k_half.contiguous(), v, e, o, oe, lse, do, doe)
+    joined = torch.empty_like(qk)
+    got = attention_backward(q_half, k_half, v, e, o, oe, lse, do, doe, into=(joined[:, :2], joined[:, 2:]))
+    torch.testing.assert_close(joined, torch.cat(want[:2], dim=1), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got[2:], want[2:], atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="into: buffers"):
+        attention_backward(q_half, k_half, v, e, o, oe, lse, do, doe, into=(q.clone(), k.clone()))
 
 
 @pytest.mark.skipif(bool(triton_interpreter_problem()), reason=triton_interpreter_problem() or "runs")

@@ -93,7 +93,8 @@ def test_a_triton_launch_counts_once_whatever_the_interpreter_dispatches() -> No
 
 def test_variants_and_layers_reach_the_profile(capsys: pytest.CaptureFixture) -> None:
     """--variants picks the models (rope first; tape_unfused here), --layers the depth, --bf16
-    autocast; TAPE's extra operators grow with the layers that update E."""
+    autocast; TAPE's operators grow faster with the layers than RoPE's (the E updates; at 2
+    layers, one updating E, TAPE's joined rotation may dispatch fewer than RoPE's)."""
     counts = {}
     for layers in (2, 4):
         assert step_profile.main(["--device", "cpu", "--batches", "1", "--seq-len", "8", "--bf16",
@@ -102,6 +103,6 @@ def test_variants_and_layers_reach_the_profile(capsys: pytest.CaptureFixture) ->
         assert out["autocast"] == "bfloat16" and set(out["batch_1"]) == {"rope", "tape_unfused"}
         rows = out["batch_1"]
         counts[layers] = rows["tape_unfused"]["ops_per_step"] - rows["rope"]["ops_per_step"]
-    assert counts[4] > counts[2] > 0
+    assert counts[4] > counts[2]
     with pytest.raises(ValueError, match="start with rope"):
         step_profile.step_profile("cpu", [1], 8, labels=["tape_unfused", "rope"])

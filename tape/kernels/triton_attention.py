@@ -520,15 +520,25 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, e: Tensor, scale: float | None, bl
 def attention_backward(
     q: Tensor, k: Tensor, v: Tensor, e: Tensor, o: Tensor, oe: Tensor, lse: Tensor,
     do: Tensor, doe: Tensor, scale: float | None = None, block: int | None = None,
+    into: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv, de) of ``attention_forward`` given dO (B, H, Nq, dv), dO_e (.., de).
     A wider e than v (``takes_wide``) is multiplied in v's dtype and gets its gradient in its own
-    dtype, written from the kernel's float32 sums (no half-precision rounding on the way)."""
+    dtype, written from the kernel's float32 sums (no half-precision rounding on the way).
+    ``into``: buffers for dq and dk with q's and k's strides (the halves of a joined q and k's
+    gradient), written and returned."""
     grad_dtype = e.dtype
     # The gradient buffers below are written through q's, k's, v's and e's strides: an input
     # that is dense (a transposed projection too) lends them its layout, and the gradient leaves
-    # in the layout its input came in; a sliced or expanded one (layer 0's E) is copied first.
-    q, k, v, e = (_unit_last(t) if _dense(t) else t.contiguous() for t in (q, k, v, e.to(v.dtype)))
+    # in the layout its input came in; a sliced or expanded one (layer 0's E) is copied first,
+    # unless ``into`` brings buffers of its layout.
+    if into is not None:
+        if any(t.stride() != buf.stride() or t.stride(-1) != 1 for t, buf in zip((q, k), into)):
+            raise ValueError(f"into: buffers of strides {[b.stride() for b in into]} for q {q.stride()} "
+                             f"and k {k.stride()}; pass buffers laid out as q and k (unit last stride)")
+        v, e = (_unit_last(t) if _dense(t) else t.contiguous() for t in (v, e.to(v.dtype)))
+    else:
+        q, k, v, e = (_unit_last(t) if _dense(t) else t.contiguous() for t in (q, k, v, e.to(v.dtype)))
     do, doe = _unit_last(do.to(v.dtype)), _unit_last(doe.to(v.dtype))  # only read
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -542,7 +552,8 @@ def attention_backward(
     _run(_bwd_delta, (triton.cdiv(nq, DELTA_ROWS), b * h), interpret, o, oe, do, doe, delta,
          *_strides(o), *_strides(oe), *_strides(do), *_strides(doe), h, nq, v.shape[-1], e.shape[-1],
          BLOCK_M=DELTA_ROWS, BLOCK_DV=meta["BLOCK_DV"], BLOCK_DE=meta["BLOCK_DE"])
-    dq, dk, dv = (torch.empty_strided(t.shape, t.stride(), device=t.device, dtype=t.dtype) for t in (q, k, v))
+    dq, dk = into or (torch.empty_strided(t.shape, t.stride(), device=t.device, dtype=t.dtype) for t in (q, k))
+    dv = torch.empty_strided(v.shape, v.stride(), device=v.device, dtype=v.dtype)
     de = torch.empty_strided(e.shape, e.stride(), device=e.device, dtype=grad_dtype)
     # Full query blocks: compiled for sm_90 (triton 3.6), dK of a one-query decode step in
     # fp16/bf16 came out wrong (relative error 0.22) with BLOCK_M 16 < BLOCK_N 64.

@@ -53,7 +53,7 @@ from torch import Tensor
 from tape import kernels
 from tape.model.flex import flex_attend, flex_available
 from tape.model.recompute import recomputed_in_backward
-from tape.model.rotation import RotateQK, rotate_k, rotate_q
+from tape.model.rotation import rotate_with_recipes
 from tape.pe.rope import rotate_grouped
 
 Backend = Literal["auto", "flash", "triton", "flex", "sdpa", "eager"]
@@ -307,7 +307,7 @@ def attend(
             q, k = rotate_grouped(q, k, rotation)
             q, k = q.to(v.dtype), k.to(v.dtype)
         else:
-            q, k, recipes = _rotated_with_recipes(q, k, rotation, v.dtype)
+            q, k, recipes = rotate_with_recipes(q, k, rotation, v.dtype)
             if plan.backend in ("sdpa", "eager"):  # not flex: its compiled code saves for itself
                 saved_as_recipes = recomputed_in_backward(recipes)
         rotation = None
@@ -317,14 +317,6 @@ def attend(
     with saved_as_recipes:
         outs = _dispatch(plan, q, k, v, extra, values, mask, bias, alibi_slopes, is_causal, scale, rotation)
     return outs[0], (outs[1] if extra is not None else None)
-
-
-def _rotated_with_recipes(q: Tensor, k: Tensor, rot: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, list]:
-    """q and k rotated by rot (one node that keeps them unrotated, ``rotation.RotateQK``) and cast
-    to dtype, and for each a recipe that rebuilds it bit for bit from what that node keeps anyway:
-    SDPA then need not keep the rotated copies (``recompute``)."""
-    q_rot, k_rot = RotateQK.apply(q, k, rot, dtype)
-    return q_rot, k_rot, [(q_rot, lambda: rotate_q(q, rot, dtype)), (k_rot, lambda: rotate_k(k, rot, dtype))]
 
 
 def _dispatch(plan, q, k, v, extra, values, mask, bias, alibi_slopes, is_causal, scale, rotation):

@@ -1,12 +1,21 @@
 """TAPE's rotation of q and k by E as one autograd node that keeps q and k unrotated.
 
 E's gradient through the rotation needs q and k unrotated; the attention's needs them rotated.
-``RotateQK`` keeps the unrotated ones (and E, kept anyway) and writes the rotation's gradient by
-hand; ``rotate_q`` and ``rotate_k`` rebuild the rotated ones bit for bit, so the attention can
-save them as recipes (``tape.model.recompute``) or recompute them itself (the Triton node).
+The node keeps the unrotated ones (and E, kept anyway) and writes the rotation's gradient by hand;
+``rotate_q``/``rotate_k`` (or ``rotate_joined``) rebuild the rotated ones bit for bit, so the
+attention can save them as recipes (``tape.model.recompute``) or recompute them itself (the Triton
+node).
+
+Where every head of q and k rotates by the same E rows (as many query as key heads, or one E for
+all heads) q and k are joined into one tensor first, laid out token-major as the projections
+write them (B, N, H + H, d): one rotation of the pair, forward and backward, instead of one each
+(one copy more; in all 18 device operators less a layer, forward, backward and rebuilds), and
+the gradients of q and k are views of the joined one's.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -51,6 +60,51 @@ def _sum_to(x: Tensor, shape: torch.Size) -> Tensor:
     return x.sum(dims, keepdim=True) if dims else x
 
 
+def joinable(q: Tensor, k: Tensor, rot: Tensor) -> bool:
+    """q and k rotate as one tensor: one rot row for every head, or as many query heads as key
+    heads and rot heads (no grouped-query sharing, whose query groups a joined view cannot split)."""
+    return rot.shape[1] == 1 or q.shape[1] == k.shape[1] == rot.shape[1]
+
+
+def join(q: Tensor, k: Tensor) -> Tensor:
+    """q (B, H, N, d), k (B, Hk, N, d) -> (B, H + Hk, N, d): one copy, token-major (its memory
+    (B, N, H + Hk, d)). Differentiable: the gradients of q and k are views of the joined one's."""
+    return torch.cat([q.transpose(1, 2), k.transpose(1, 2)], dim=2).transpose(1, 2)
+
+
+def _paired(x: Tensor, rot: Tensor) -> tuple[Tensor, Tensor]:
+    """A joined (B, 2H, N, d) tensor and rot (B, H or 1, N, d) as views that broadcast."""
+    if rot.shape[1] == 1:
+        return x, rot
+    b, heads, n, d = x.shape
+    return x.view(b, 2, heads // 2, n, d), rot[:, None]
+
+
+def rotate_joined(qk: Tensor, rot: Tensor, dtype: torch.dtype) -> Tensor:
+    """A joined q and k (``join``) rotated by rot (B, H or 1, N, d), in >= float32, cast to
+    ``dtype``, in qk's layout. No autograd."""
+    x, r = _paired(qk, rot)
+    return rotated(x, r, dtype).view(qk.shape)
+
+
+def rotate_joined_backward(dqk: Tensor, qk: Tensor, rot: Tensor, needs_rot: bool) -> tuple[Tensor, Tensor | None]:
+    """The gradients of the joined qk (its dtype and layout) and of rot (its dtype and shape;
+    None unless ``needs_rot``) given the rotated one's, dqk."""
+    (g, r), (x, _) = _paired(dqk, rot), _paired(qk, rot)
+    dx, drot = rotate_backward(g, x, r)
+    return dx.view(qk.shape), (_sum_to(drot, r.shape).view(rot.shape).to(rot.dtype) if needs_rot else None)
+
+
+def join_grads(dqr: Tensor | None, dkr: Tensor | None, qk: Tensor, heads: int) -> Tensor:
+    """The gradients of a joined q and k's two halves as one (B, H + Hk, N, d) tensor, in qk's
+    layout (None: zeros)."""
+    if dqr is None or dkr is None:
+        zeros = qk.new_zeros(qk.shape)
+        dqr = zeros[:, :heads] if dqr is None else dqr
+        dkr = zeros[:, heads:] if dkr is None else dkr
+    return join(dqr, dkr)
+
+
 class RotateQK(torch.autograd.Function):
     """(q, k, rot, dtype) -> (q rotated, k rotated) in ``dtype``; keeps q, k and rot for backward."""
 
@@ -66,3 +120,52 @@ class RotateQK(torch.autograd.Function):
         dkr = torch.zeros_like(k) if dkr is None else dkr
         dq, dk, drot = rotate_qk_backward(dqr, dkr, q, k, rot, ctx.needs_input_grad[2])
         return dq, dk, drot, None
+
+
+class RotateJoined(torch.autograd.Function):
+    """(qk joined, rot, dtype, heads) -> (q rotated, k rotated), views of one tensor in ``dtype``
+    (q: the first ``heads`` heads); keeps qk and rot for backward."""
+
+    @staticmethod
+    def forward(ctx, qk, rot, dtype, heads):  # noqa: D102
+        ctx.save_for_backward(qk, rot)
+        ctx.heads = heads
+        out = rotate_joined(qk, rot, dtype)
+        return out[:, :heads], out[:, heads:]
+
+    @staticmethod
+    def backward(ctx, dqr, dkr):  # noqa: D102
+        qk, rot = ctx.saved_tensors
+        dqk, drot = rotate_joined_backward(join_grads(dqr, dkr, qk, ctx.heads), qk, rot, ctx.needs_input_grad[1])
+        return dqk, drot, None, None
+
+
+Recipe = tuple[Tensor, Callable[[], Tensor]]
+
+
+def rotate_with_recipes(q: Tensor, k: Tensor, rot: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor, list[Recipe]]:
+    """q and k rotated by rot (one node that keeps them unrotated) and cast to dtype, and for each
+    a recipe that rebuilds it bit for bit from what that node keeps anyway: the attention then
+    need not keep the rotated copies (``recompute``). Joined where ``joinable``; the joined
+    rotation is rebuilt once for both."""
+    if not joinable(q, k, rot):
+        q_rot, k_rot = RotateQK.apply(q, k, rot, dtype)
+        return q_rot, k_rot, [(q_rot, lambda: rotate_q(q, rot, dtype)), (k_rot, lambda: rotate_k(k, rot, dtype))]
+    heads = q.shape[1]
+    qk = join(q, k)
+    q_rot, k_rot = RotateJoined.apply(qk, rot, dtype, heads)
+    both = _BuiltOnce(lambda: rotate_joined(qk, rot, dtype), users=2)
+    return q_rot, k_rot, [(q_rot, lambda: both()[:, :heads]), (k_rot, lambda: both()[:, heads:])]
+
+
+class _BuiltOnce:
+    """Builds a tensor on the first of ``users`` calls and hands it to each; let go after the last."""
+
+    def __init__(self, make: Callable[[], Tensor], users: int) -> None:
+        self.make, self.left, self.value = make, users, None
+
+    def __call__(self) -> Tensor:
+        value = self.value if self.value is not None else self.make()
+        self.left -= 1
+        self.value = value if self.left > 0 else None
+        return value

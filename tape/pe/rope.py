@@ -52,11 +52,34 @@ def repeat_heads(rot: Tensor, groups: int) -> Tensor:
     return rot.repeat_interleave(groups, dim=1) if groups > 1 and rot.shape[1] > 1 else rot
 
 
+def broadcast_shape(*shapes: torch.Size) -> tuple[int, ...]:
+    """The shape the given ones broadcast to (``torch.broadcast_shapes`` in plain Python: that one
+    goes through symbolic-shape checks, ~60 µs a call on the host, a cost a GPU step pays)."""
+    rank = max(len(s) for s in shapes)
+    out = [1] * rank
+    for shape in shapes:
+        for i, size in enumerate(shape, start=rank - len(shape)):
+            if size != 1:
+                if out[i] != 1 and out[i] != size:
+                    raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast (dim {i})")
+                out[i] = size
+    return tuple(out)
+
+
+def _like(x: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """An empty tensor of ``shape``, laid out as x where x has that shape (a transposed
+    projection stays token-major: its gradient flows back without a copy)."""
+    if tuple(x.shape) == shape:
+        return torch.empty_like(x, dtype=dtype)  # x's strides where it is dense
+    return torch.empty(shape, dtype=dtype, device=x.device)
+
+
 def rotated(x: Tensor, rot: Tensor, dtype: torch.dtype) -> Tensor:
     """``rotate(x, rot)`` in >= float32 (a product and a multiply-add per channel), cast to
-    ``dtype``: five device kernels instead of eight. Writes through ``out=``: no autograd."""
+    ``dtype``, laid out as x: five device kernels instead of eight. Writes through ``out=``: no
+    autograd."""
     acc = torch.promote_types(torch.promote_types(x.dtype, rot.dtype), torch.float32)
-    out = torch.empty(torch.broadcast_shapes(x.shape, rot.shape), dtype=acc, device=x.device)
+    out = _like(x, broadcast_shape(x.shape, rot.shape), acc)
     (x1, x2), (c, s), (y1, y2) = (t.chunk(2, dim=-1) for t in (x, rot, out))
     torch.mul(x1, c, out=y1).addcmul_(x2, s, value=-1)  # x1·c - x2·s
     torch.mul(x2, c, out=y2).addcmul_(x1, s)  # x2·c + x1·s
@@ -70,9 +93,8 @@ def rotate_backward(grad: Tensor, x: Tensor, rot: Tensor) -> tuple[Tensor, Tenso
     Per pair in complex form, y = x·z with z = c + i·s: dx = dy·conj(z), dz = dy·conj(x).
     """
     acc = torch.promote_types(torch.promote_types(grad.dtype, rot.dtype), torch.float32)
-    shape = torch.broadcast_shapes(grad.shape, x.shape, rot.shape)
-    grad_x = torch.empty(shape, dtype=acc, device=grad.device)
-    grad_rot = torch.empty(shape, dtype=acc, device=grad.device)
+    shape = broadcast_shape(grad.shape, x.shape, rot.shape)
+    grad_x, grad_rot = _like(x, shape, acc), _like(x, shape, acc)
     (g1, g2), (x1, x2), (c, s) = (t.chunk(2, dim=-1) for t in (grad, x, rot))
     (dx1, dx2), (dc, ds) = grad_x.chunk(2, dim=-1), grad_rot.chunk(2, dim=-1)
     torch.mul(g1, c, out=dx1).addcmul_(g2, s)  # g1·c + g2·s
