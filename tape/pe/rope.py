@@ -43,13 +43,11 @@ def rotate(x: Tensor, rot: Tensor) -> Tensor:
 
 def rotate_grouped(q: Tensor, k: Tensor, rot: Tensor) -> tuple[Tensor, Tensor]:
     """k (B, Hkv, N, d) rotated by rot (B, Hkv or 1, N, d); q (B, H, N, d) by its key/value
-    head's rot (grouped-query attention: H / Hkv query heads share one)."""
-    return rotate(q, repeat_heads(rot, q.shape[1] // k.shape[1])), rotate(k, rot)
-
-
-def repeat_heads(rot: Tensor, groups: int) -> Tensor:
-    """(B, Hkv, N, d) -> (B, Hkv * groups, N, d), each head repeated for its query group."""
-    return rot.repeat_interleave(groups, dim=1) if groups > 1 and rot.shape[1] > 1 else rot
+    head's rot (grouped-query attention: H / Hkv query heads share one), rot broadcast over each
+    query group (a view of q, not rot repeated per query head)."""
+    b, h, n, d = q.shape
+    grouped = q.view(b, rot.shape[1], h // rot.shape[1], n, d)  # (B, Hkv or 1, group, N, d)
+    return rotate(grouped, rot[:, :, None]).view(q.shape), rotate(k, rot)
 
 
 def broadcast_shape(*shapes: torch.Size) -> tuple[int, ...]:
