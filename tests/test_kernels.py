@@ -308,6 +308,18 @@ def test_the_backward_writes_gradients_in_their_inputs_layout():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@interpreted
+def test_the_outputs_are_token_major():
+    """A·V and A·E come out laid out (B, Nq, H, ·) in memory, as SDPA's for token-major q: the
+    output projection reads A·V's heads as a view of the same memory."""
+    q, k, v, e = (x.float() for x in _inputs(2, 4, 2, 9, 9, 16, 16, 8))
+    o, oe, _ = attention_forward(q, k, v, e)
+    b, h, n, _ = o.shape
+    for out in (o, oe):
+        assert out.transpose(1, 2).is_contiguous()
+    assert o.transpose(1, 2).reshape(b, n, -1).data_ptr() == o.data_ptr()
+
+
 def test_a_wider_e_is_refused_by_the_plain_kernel_and_a_narrower_by_both():
     q, k, v, e = (x.to(torch.bfloat16) for x in _inputs(1, 2, 2, 4, 8, 16, 16, 16))
     check_inputs(q, k, v, e.float(), wide_e=True)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from model_helpers import randomize, tiny_config, tiny_model, triton_interpreter_problem
 from tape.model import DecoderLM
 from tape.pe.base import PositionState
-from tape.pe.tape import _UpdateE
+from tape.pe.tape import _head_map, _head_map_grad, _token_major, _UpdateE
 
 FAST = settings(max_examples=12, deadline=None)
 
@@ -248,19 +248,42 @@ def test_cache_keeps_each_layers_e_rows():
 
 
 # ----------------------------------------------------------------------------- the folded E update
-@pytest.mark.parametrize("parts", ["both", "attention only", "mix only"])
-def test_e_update_gradients_match_finite_differences(parts):
+@pytest.mark.parametrize("parts,token_major", [("both", False), ("both", True), ("attention only", False),
+                                               ("attention only", True), ("mix only", False)])
+def test_e_update_gradients_match_finite_differences(parts, token_major):
     """The custom backward of E' = (I + M)(E + P·AE): E, A·E, P, gate, W1, W2 all get gradients
-    (float64), with either update absent as in the ablations."""
+    (float64), with either update absent as in the ablations; A·E laid out head- or token-major
+    (attention's output for token-major q, which the head map takes token by token)."""
     gen = torch.Generator().manual_seed(3)
     b, he, h, n, d, i = 2, 2, 4, 5, 4, 6
     e, ae, p, gate, w1, w2 = [torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True)
                               for s in ((b, he, n, d), (b, h, n, d), (he, h), (b, n, i), (i, he), (he, i))]
+    if token_major:
+        ae = ae.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+        assert _token_major(ae)
     if parts == "attention only":
         gate = w1 = w2 = None
     if parts == "mix only":
         ae = p = None
     assert torch.autograd.gradcheck(_UpdateE.apply, (e, ae, p, gate, w1, w2))
+
+
+def test_the_head_map_takes_token_major_heads_without_a_copy():
+    """A token-major x (B, H, N, d) maps token by token: the same numbers as head-major, and no
+    copy dispatched for it or for p's gradient."""
+    from tape.bench.dispatch_count import device_ops
+
+    gen = torch.Generator().manual_seed(0)
+    p = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    x = torch.randn(2, 4, 7, 8, generator=gen, dtype=torch.float64)
+    grad = torch.randn(2, 3, 7, 8, generator=gen, dtype=torch.float64)
+    token_major = x.transpose(1, 2).contiguous().transpose(1, 2)
+    assert _token_major(token_major) and not _token_major(x)
+    torch.testing.assert_close(_head_map(p, token_major), _head_map(p, x), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(_head_map_grad(grad.transpose(1, 2).contiguous().transpose(1, 2), token_major),
+                               torch.einsum("bgnd,bhnd->gh", grad, x), atol=1e-12, rtol=1e-12)
+    ops = device_ops(lambda: (_head_map(p, token_major), _head_map_grad(_head_map(p, token_major), token_major)))
+    assert set(ops) <= {"bmm", "sum"}, ops
 
 
 @FAST

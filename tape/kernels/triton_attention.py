@@ -505,8 +505,10 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, e: Tensor, scale: float | None, bl
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     scale = _scale(d, scale)
-    o = q.new_empty(b, h, nq, v.shape[-1])
-    oe = q.new_empty(b, h, nq, e.shape[-1])
+    # token-major outputs (B, Nq, H, ·) in memory, as SDPA's for such q: the output projection
+    # reads A·V's heads as one (B, Nq, H·dv) view, and TAPE's head map A·E per token, no copies
+    o = q.new_empty(b, nq, h, v.shape[-1]).transpose(1, 2)
+    oe = q.new_empty(b, nq, h, e.shape[-1]).transpose(1, 2)
     lse = torch.empty(b, h, nq, device=q.device, dtype=torch.float32)
     meta = _meta(q, k, v, e, block)
     _launch(

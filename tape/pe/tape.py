@@ -130,10 +130,7 @@ class _UpdateE(torch.autograd.Function):
                 grad_w2 = torch.einsum("bnhj,bni,ij->hi", grad_mix, g, w1f).to(w2.dtype)  # (He, I)
             if ae is not None:
                 grad_ae = _head_map(pf.t(), grad_u).to(ae.dtype)  # (B, H, N, d)
-                b = grad_u.shape[0]
-                per_batch = torch.matmul(grad_u.reshape(b, grad_u.shape[1], -1),  # (B, He, N·d)
-                                         ae_f.reshape(b, ae_f.shape[1], -1).transpose(1, 2))  # (B, N·d, H)
-                grad_p = per_batch.sum(0).to(p.dtype)  # (He, H)
+                grad_p = _head_map_grad(grad_u, ae_f).to(p.dtype)  # (He, H)
         return grad_u, grad_ae, grad_p, grad_gate, grad_w1, grad_w2
 
 
@@ -145,9 +142,31 @@ def _attention_update(e: Tensor, ae: Tensor | None, p: Tensor | None) -> Tensor:
 def _head_map(p: Tensor, x: Tensor) -> Tensor:
     """Mix heads: p (G, H), x (B, H, N, d) -> (B, G, N, d), one batched product (bmm with p
     broadcast: ``matmul`` folds the batch into one product there, with two copies, when x
-    requires grad)."""
+    requires grad). A token-major x (attention's output for token-major q, as the joined
+    rotation gives) is mapped token by token, without a copy, into a token-major result."""
     b, h, n, d = x.shape
+    if _token_major(x):
+        mapped = torch.bmm(p.expand(b * n, -1, -1), x.transpose(1, 2).reshape(b * n, h, d))  # (B·N, G, d)
+        return mapped.view(b, n, -1, d).transpose(1, 2)
     return torch.bmm(p.expand(b, -1, -1), x.reshape(b, h, n * d)).view(b, p.shape[0], n, d)
+
+
+def _head_map_grad(grad: Tensor, x: Tensor) -> Tensor:
+    """The gradient of ``_head_map``'s p: sum over batch and tokens of grad (B, G, N, d) times x
+    (B, H, N, d) -> (G, H), batched in x's layout (token by token for a token-major x)."""
+    b, h, n, d = x.shape
+    g = grad.shape[1]
+    if _token_major(x):
+        per_token = torch.bmm(grad.transpose(1, 2).reshape(b * n, g, d), x.transpose(1, 2).reshape(b * n, h, d).mT)
+        return per_token.sum(0)  # (G, H)
+    return torch.bmm(grad.reshape(b, g, n * d), x.reshape(b, h, n * d).mT).sum(0)
+
+
+def _token_major(x: Tensor) -> bool:
+    """x (B, H, N, d) laid out as (B, N, H, d) in memory, densely."""
+    b, h, n, d = x.shape
+    return n > 1 and h > 1 and x.stride(3) == 1 and x.stride(1) == d and x.stride(2) == h * d and (
+        b == 1 or x.stride(0) == n * h * d)
 
 
 def _per_token(mix: Tensor, x: Tensor) -> Tensor:
