@@ -52,7 +52,7 @@ def rotate_grouped(q: Tensor, k: Tensor, rot: Tensor) -> tuple[Tensor, Tensor]:
 
 def broadcast_shape(*shapes: torch.Size) -> tuple[int, ...]:
     """The shape the given ones broadcast to (``torch.broadcast_shapes`` in plain Python: that one
-    goes through symbolic-shape checks, ~60 µs a call on the host, a cost a GPU step pays)."""
+    goes through symbolic-shape checks: 18 µs a call on this host against 1.6, a cost a GPU step pays)."""
     rank = max(len(s) for s in shapes)
     out = [1] * rank
     for shape in shapes:
