@@ -421,6 +421,11 @@ def _unit_last(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _lendable(x: Tensor) -> Tensor:
+    """x as it is where its layout can lend a gradient buffer (dense, unit last stride), else a copy."""
+    return _unit_last(x) if _dense(x) else x.contiguous()
+
+
 def _dense(x: Tensor) -> bool:
     """Every element of x's storage span belongs to x exactly once (contiguous up to a
     permutation of its dims): a buffer with x's strides can hold a tensor of x's shape."""
@@ -534,13 +539,12 @@ def attention_backward(
     # that is dense (a transposed projection too) lends them its layout, and the gradient leaves
     # in the layout its input came in; a sliced or expanded one (layer 0's E) is copied first,
     # unless ``into`` brings buffers of its layout.
-    if into is not None:
-        if any(t.stride() != buf.stride() or t.stride(-1) != 1 for t, buf in zip((q, k), into)):
-            raise ValueError(f"into: buffers of strides {[b.stride() for b in into]} for q {q.stride()} "
-                             f"and k {k.stride()}; pass buffers laid out as q and k (unit last stride)")
-        v, e = (_unit_last(t) if _dense(t) else t.contiguous() for t in (v, e.to(v.dtype)))
-    else:
-        q, k, v, e = (_unit_last(t) if _dense(t) else t.contiguous() for t in (q, k, v, e.to(v.dtype)))
+    if into is None:
+        q, k = map(_lendable, (q, k))
+    elif any(t.stride() != buf.stride() or t.stride(-1) != 1 for t, buf in zip((q, k), into)):
+        raise ValueError(f"into: buffers of strides {[b.stride() for b in into]} for q {q.stride()} "
+                         f"and k {k.stride()}; pass buffers laid out as q and k (unit last stride)")
+    v, e = _lendable(v), _lendable(e.to(v.dtype))
     do, doe = _unit_last(do.to(v.dtype)), _unit_last(doe.to(v.dtype))  # only read
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -573,6 +577,11 @@ def attention_backward(
     return dq, dk, dv, de
 
 
+def zeros_if_none(grad: Tensor | None, like: Tensor) -> Tensor:
+    """An output's gradient in backward, zeros where autograd passed None (the output unused)."""
+    return torch.zeros_like(like) if grad is None else grad
+
+
 class FusedVEAttention(torch.autograd.Function):
     """Autograd wrapper: (q, k, v, e) -> (A·V, A·E) with the fused forward and summed backward.
 
@@ -592,8 +601,7 @@ class FusedVEAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, doe):  # noqa: D102
         q, k, v, e, o, oe, lse = ctx.saved_tensors
-        do = torch.zeros_like(o) if do is None else do
-        doe = torch.zeros_like(oe) if doe is None else doe
+        do, doe = zeros_if_none(do, o), zeros_if_none(doe, oe)
         dq, dk, dv, de = attention_backward(q, k, v, e, o, oe, lse, do, doe, ctx.scale, ctx.block)
         return dq, dk, dv, de, None, None
 

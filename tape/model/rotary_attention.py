@@ -13,17 +13,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tape.kernels.triton_attention import _forward, attention_backward, check_inputs
+from tape.kernels.triton_attention import _forward, attention_backward, check_inputs, zeros_if_none
 from tape.model.rotation import (join, joinable, rotate_joined, rotate_joined_backward, rotate_k, rotate_q,
                                  rotate_qk_backward)
 
 
 def _rotated(q: Tensor, k: Tensor, rot: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     return rotate_q(q, rot, dtype), rotate_k(k, rot, dtype)
-
-
-def _zeros_if_none(grad: Tensor | None, like: Tensor) -> Tensor:
-    return torch.zeros_like(like) if grad is None else grad
 
 
 class RotaryFusedVEAttention(torch.autograd.Function):
@@ -41,7 +37,7 @@ class RotaryFusedVEAttention(torch.autograd.Function):
     def backward(ctx, do, doe):  # noqa: D102
         q, k, v, e, rot, o, oe, lse = ctx.saved_tensors
         qr, kr = _rotated(q, k, rot, v.dtype)  # the forward's, bit for bit
-        do, doe = _zeros_if_none(do, o), _zeros_if_none(doe, oe)
+        do, doe = zeros_if_none(do, o), zeros_if_none(doe, oe)
         dqr, dkr, dv, de = attention_backward(qr, kr, v, e, o, oe, lse, do, doe, ctx.scale, None)
         del qr, kr
         dq, dk, drot = rotate_qk_backward(dqr, dkr, q, k, rot, ctx.needs_input_grad[4])
@@ -66,7 +62,7 @@ class JoinedRotaryFusedVEAttention(torch.autograd.Function):
         heads = ctx.heads
         qkr = rotate_joined(qk, rot, v.dtype)  # the forward's, bit for bit
         dqkr = torch.empty_like(qkr)  # the kernel writes dq and dk into its halves
-        do, doe = _zeros_if_none(do, o), _zeros_if_none(doe, oe)
+        do, doe = zeros_if_none(do, o), zeros_if_none(doe, oe)
         _, _, dv, de = attention_backward(qkr[:, :heads], qkr[:, heads:], v, e, o, oe, lse, do, doe, ctx.scale,
                                           None, into=(dqkr[:, :heads], dqkr[:, heads:]))
         del qkr
