@@ -21,11 +21,12 @@ def _key(t: Tensor) -> tuple:
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-class _Recipe:
-    """Rebuilds one tensor in backward; the result is kept while saved copies remain unread."""
+class BuiltOnce:
+    """Builds a tensor on the first call and hands it to each of ``unread`` calls; lets it go after
+    the last (a recipe: one call per saved copy; a build that recipes share: one per recipe)."""
 
-    def __init__(self, make: Callable[[], Tensor]) -> None:
-        self.make, self.unread, self.value = make, 0, None
+    def __init__(self, make: Callable[[], Tensor], unread: int = 0) -> None:
+        self.make, self.unread, self.value = make, unread, None
 
     def __call__(self) -> Tensor:
         value = self.value if self.value is not None else self.make()
@@ -77,7 +78,7 @@ def recomputed_in_backward(recipes: Sequence[tuple[Tensor, Callable[[], Tensor]]
         yield
         return
     outer_pack, outer_unpack = outer or (lambda t: t, lambda t: t)
-    by_key = {_key(t): _Recipe(make) for t, make in recipes}  # keys only: the tensors may be freed
+    by_key = {_key(t): BuiltOnce(make) for t, make in recipes}  # keys only: the tensors may be freed
 
     def pack(t: Tensor) -> object:
         recipe = by_key.get(_key(t))
@@ -87,7 +88,7 @@ def recomputed_in_backward(recipes: Sequence[tuple[Tensor, Callable[[], Tensor]]
         return recipe
 
     def unpack(saved: object) -> Tensor:
-        return saved() if isinstance(saved, _Recipe) else outer_unpack(saved)
+        return saved() if isinstance(saved, BuiltOnce) else outer_unpack(saved)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield

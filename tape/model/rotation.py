@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from tape.model.recompute import BuiltOnce
 from tape.pe.rope import rotate_backward, rotated
 
 
@@ -154,18 +155,6 @@ def rotate_with_recipes(q: Tensor, k: Tensor, rot: Tensor, dtype: torch.dtype) -
     heads = q.shape[1]
     qk = join(q, k)
     q_rot, k_rot = RotateJoined.apply(qk, rot, dtype, heads)
-    both = _BuiltOnce(lambda: rotate_joined(qk, rot, dtype), users=2)
+    both = BuiltOnce(lambda: rotate_joined(qk, rot, dtype), unread=2)  # q's recipe and k's
     return q_rot, k_rot, [(q_rot, lambda: both()[:, :heads]), (k_rot, lambda: both()[:, heads:])]
 
-
-class _BuiltOnce:
-    """Builds a tensor on the first of ``users`` calls and hands it to each; let go after the last."""
-
-    def __init__(self, make: Callable[[], Tensor], users: int) -> None:
-        self.make, self.left, self.value = make, users, None
-
-    def __call__(self) -> Tensor:
-        value = self.value if self.value is not None else self.make()
-        self.left -= 1
-        self.value = value if self.left > 0 else None
-        return value
