@@ -146,7 +146,7 @@ def _head_map(p: Tensor, x: Tensor) -> Tensor:
     rotation gives) is mapped token by token, without a copy, into a token-major result."""
     b, h, n, d = x.shape
     if _token_major(x):
-        mapped = torch.bmm(p.expand(b * n, -1, -1), x.transpose(1, 2).reshape(b * n, h, d))  # (B·N, G, d)
+        mapped = torch.bmm(p.expand(b * n, -1, -1), _token_rows(x))  # (B·N, G, d)
         return mapped.view(b, n, -1, d).transpose(1, 2)
     return torch.bmm(p.expand(b, -1, -1), x.reshape(b, h, n * d)).view(b, p.shape[0], n, d)
 
@@ -154,12 +154,16 @@ def _head_map(p: Tensor, x: Tensor) -> Tensor:
 def _head_map_grad(grad: Tensor, x: Tensor) -> Tensor:
     """The gradient of ``_head_map``'s p: sum over batch and tokens of grad (B, G, N, d) times x
     (B, H, N, d) -> (G, H), batched in x's layout (token by token for a token-major x)."""
-    b, h, n, d = x.shape
-    g = grad.shape[1]
     if _token_major(x):
-        per_token = torch.bmm(grad.transpose(1, 2).reshape(b * n, g, d), x.transpose(1, 2).reshape(b * n, h, d).mT)
-        return per_token.sum(0)  # (G, H)
-    return torch.bmm(grad.reshape(b, g, n * d), x.reshape(b, h, n * d).mT).sum(0)
+        return torch.bmm(_token_rows(grad), _token_rows(x).mT).sum(0)  # (B·N, G, H) summed
+    b, h, n, d = x.shape
+    return torch.bmm(grad.reshape(b, grad.shape[1], n * d), x.reshape(b, h, n * d).mT).sum(0)
+
+
+def _token_rows(x: Tensor) -> Tensor:
+    """x (B, H, N, d) as (B·N, H, d): each token's heads, a view where x is token-major."""
+    b, h, n, d = x.shape
+    return x.transpose(1, 2).reshape(b * n, h, d)
 
 
 def _token_major(x: Tensor) -> bool:
