@@ -59,8 +59,8 @@ wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B
 	find runs -type d -name 'offline-run-*' -print0 | xargs -0 -r $(BIN)/wandb sync
 .PHONY: reproduce-table report wandb-sync
 
-gpu-check:  ## Prove the CUDA path on one GPU in about 8 minutes (encodings, kernel, model, smoke presets, FSDP, compile, resume, throughput, benchmark): results/gpu-check/<time>/; then make gpu-page
-	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check
+gpu-check:  ## Prove the CUDA path on one GPU in about 8 minutes (encodings, kernel, model, smoke presets, FSDP, compile, resume, throughput, benchmark): results/gpu-check/<time>/; then make gpu-page. CONTINUE=<window> runs what a cut-off window left
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check $(if $(CONTINUE),--continue $(CONTINUE))
 
 gpu-measure:  ## The longer GPU measurements (step profiles, attention sweep, autotuning, timed presets, every encoding's benchmark)
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m pipelines.gpu_check --suite measure

@@ -39,7 +39,11 @@ copy of the tree may carry an older .git, seen as ``<old>+dirty``).
 
 ``--pack DIR`` also writes the window as one archive, ``DIR/<time>.tar.gz``, rewritten after every
 step (a device tool that brings back few files gets the whole record, even from a run cut off);
-``--unpack ARCHIVE`` puts such a window into ``--records`` (never over an existing one).
+``--unpack ARCHIVE`` puts such a window into ``--records`` (never over an existing one, but by its
+own continuation). ``--continue WINDOW`` (``make gpu-check CONTINUE=<window>``) runs, into that
+window, the planned steps it has no outcome for or whose run ``--budget`` cut, when the kind of GPU,
+driver, stack and code digest are the window's: a proof cut by a device's call limit is finished in
+the next call; a failed step is never run again.
 
 ``--dry-run`` lists the steps and runs nothing (a wiring check on any machine); ``--render
 results/gpu.md`` writes the results page from every window's summary, and refuses a summary
@@ -54,6 +58,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -77,6 +82,8 @@ CORE_BENCHMARK_PES = ("tape", "rope", "fire", "t5")  # paper Table 4's columns; 
 SUITES = ("core", "measure", "all")
 JOBS = 4
 """Untimed steps that run side by side on the GPU (each its own process; 16 cores on the H100 node)."""
+MIN_LEFT_S = 10.0
+"""No step starts with less of ``--budget`` left than this."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class Outcome:
     returncode: int | None  # None: cut off at its limit
     log: str
     tail: list[str] = field(default_factory=list)
+    budget_cut: bool = False  # cut off because --budget was spent, not by its own limit: not run out
 
 
 def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -> list[Check]:
@@ -168,33 +176,34 @@ def run_check(check: Check, log: Path, limit_s: float | None = None, threads: in
     ``limit_s`` when that is shorter) fails. ``threads`` caps its CPU threads (OMP_NUM_THREADS)
     when it shares the machine with other steps."""
     env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
+    budget_first = limit_s is not None and limit_s < check.limit_s
     t0 = time.perf_counter()
     with open(log, "w") as f:
         try:
             code: int | None = subprocess.run(check.argv, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                              timeout=min(check.limit_s, limit_s or check.limit_s)).returncode
+                                              timeout=limit_s if budget_first else check.limit_s).returncode
         except subprocess.TimeoutExpired:
             code = None
     lines = log.read_text(errors="replace").splitlines()
     return Outcome(check.name, shlex.join(check.argv), code == 0, time.perf_counter() - t0, code,
-                   log.name, lines[-12:])
+                   log.name, lines[-12:], budget_cut=code is None and budget_first)
 
 
 def run_steps(steps: Sequence[Check], out_dir: Path, budget_s: float | None = None, jobs: int = JOBS,
-              on_done: Callable[[list[Outcome]], None] = lambda done: None) -> list[Outcome]:
+              on_done: Callable[[list[Outcome]], None] = lambda done: None, log_prefix: str = "") -> list[Outcome]:
     """Run ``steps``: each run of consecutive untimed steps ``jobs`` at a time, each timed step
-    alone. Step i logs to ``<out_dir>/<i>.log``; no step starts once ``budget_s`` is spent (less
-    than 10 s left) and a running one is cut there. ``on_done`` gets the outcomes so far, in step
-    order, after each step ends. Returns them."""
+    alone. Step i logs to ``<out_dir>/<log_prefix><i>.log``; no step starts once ``budget_s`` is
+    spent (less than MIN_LEFT_S left) and a running one is cut there. ``on_done`` gets the
+    outcomes so far, in step order, after each step ends. Returns them."""
     t0, done = time.perf_counter(), {}
 
     def attempt(i: int) -> Outcome | None:
         left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
-        if left is not None and left < 10:
+        if left is not None and left < MIN_LEFT_S:
             print(f"skip {steps[i].name} (--budget {budget_s:.0f} s spent)", flush=True)
             return None
         shared = None if steps[i].timed else max(1, (os.cpu_count() or 1) // jobs)  # side by side: split the cores
-        return run_check(steps[i], out_dir / f"{i:02d}.log", left, shared)
+        return run_check(steps[i], out_dir / f"{log_prefix}{i:02d}.log", left, shared)
 
     def finished(i: int, outcome: Outcome | None) -> None:
         if outcome is None:
@@ -414,7 +423,10 @@ def _plan_note(summary: dict) -> str:
     if "suite" not in summary:
         return ""
     scope = f"suite {summary['suite']}" + (f", --only {summary['only']}" if summary.get("only") else "")
-    return f" ({scope}: {len(summary['planned'])} steps planned)"
+    calls = summary.get("calls") or []
+    continued = (f"; {len(calls)} calls, same GPU, stack and code, started "
+                 f"{', '.join(c['started'] for c in calls)}" if len(calls) > 1 else "")
+    return f" ({scope}: {len(summary['planned'])} steps planned{continued})"
 
 
 def summary_md(summary: dict) -> str:
@@ -464,7 +476,7 @@ def page_md(summaries: list[dict]) -> str:
 def environment() -> dict[str, str]:
     import torch
 
-    from tape.vcs import commit_label
+    from tape.vcs import code_digest, commit_label
 
     try:
         import triton
@@ -481,7 +493,8 @@ def environment() -> dict[str, str]:
             pass
     return {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "gpu": str(gpu), "driver": driver,
             "torch": torch.__version__, "triton": triton_version, "cuda": str(torch.version.cuda),
-            "commit": commit_label(Path(__file__).resolve().parents[1])}
+            "commit": commit_label(Path(__file__).resolve().parents[1]),
+            "code": code_digest(Path(__file__).resolve().parents[1])}
 
 
 def render(summary_dirs: Sequence[Path], out: Path) -> None:
@@ -519,7 +532,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pack", type=Path, metavar="DIR",
                    help="also write the window as DIR/<time>.tar.gz after every step (one file to carry back)")
     p.add_argument("--unpack", type=Path, metavar="ARCHIVE",
-                   help="extract a window packed by --pack into --records (never over an existing window)")
+                   help="extract a window packed by --pack into --records (never over an existing window but "
+                        "by its own continuation)")
+    p.add_argument("--continue", dest="resume", type=Path, metavar="WINDOW",
+                   help="run the steps a window (its folder) planned and did not run, or ran until --budget cut "
+                        "them, into that window: same kind of GPU, driver, stack and code only")
     args = p.parse_args(argv)
     if args.step == "model":
         print(json.dumps(model_check()))
@@ -543,6 +560,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         render(dirs, args.render)
         print(f"wrote {args.render} from {len(dirs)} summaries under {args.records}")
         return 0
+    import torch
+
+    if not torch.cuda.is_available() and not args.dry_run:
+        print("pipelines.gpu_check: no CUDA device here; run it on a GPU machine (--dry-run lists the checks)",
+              file=sys.stderr)
+        return 2
+    if args.resume:
+        if args.dry_run or args.only or args.suite:
+            p.error("--continue runs what its window planned; --dry-run, --only and --suite plan a new window")
+        return continue_window(args.resume, args.runs, args.budget, args.jobs, args.commit, args.pack)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = args.records / stamp
     words = None if args.only is None else [w.strip().lower() for w in args.only.split(",") if w.strip()]
@@ -556,17 +583,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             how = "alone" if check.timed else "side by side"
             print(f"[{check.suite}, {how}, at most {check.limit_s} s] {check.name}: {shlex.join(check.argv)}")
         return 0
-    import torch
-
-    if not torch.cuda.is_available():
-        print("pipelines.gpu_check: no CUDA device here; run it on a GPU machine (--dry-run lists the checks)",
-              file=sys.stderr)
-        return 2
     out_dir.mkdir(parents=True)
-    env = environment()
-    if args.commit:
-        env["commit"] = f"{args.commit} (git there: {env['commit']})"
-    plan = {"suite": suite, "only": args.only, "planned": [c.name for c in steps]}
+    env = environment_as_sent(args.commit)
+    plan = {"suite": suite, "only": args.only, "planned": [c.name for c in steps],
+            "calls": [{"started": stamp, "commit": env["commit"]}]}
     archive = None if args.pack is None else args.pack / f"{stamp}.tar.gz"
 
     def record(done: list[Outcome]) -> None:
@@ -579,10 +599,98 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if outcomes and all(o.passed for o in outcomes) and len(outcomes) == len(steps) else 1
 
 
-def write_summary(out_dir: Path, env: dict[str, str], outcomes: list[Outcome], plan: dict | None = None) -> None:
-    """summary.json and summary.md of the steps run so far (``plan``: the suite, --only and the
-    steps it meant to run)."""
-    summary = {"dir": str(out_dir), "environment": env, **(plan or {}), "outcomes": [asdict(o) for o in outcomes]}
+def environment_as_sent(commit: str | None) -> dict[str, str]:
+    """``environment()``, its commit labelled with the one the tree was sent at (``--commit``)."""
+    env = environment()
+    if commit:
+        env["commit"] = f"{commit} (git there: {env['commit']})"
+    return env
+
+
+SAME_RUN = ("device", "gpu", "driver", "torch", "triton", "cuda", "code")
+"""What a continued window keeps: the machine, its stack and the code (not git's view of it)."""
+
+
+def pending_steps(summary: dict) -> list[str]:
+    """The planned steps a continuation runs: those without an outcome, and those --budget cut."""
+    finished = {o["name"] for o in summary["outcomes"] if not o.get("budget_cut")}
+    return [name for name in summary["planned"] if name not in finished]
+
+
+def _read_window(window: Path) -> dict:
+    path = window / "summary.json"
+    if not path.is_file():
+        raise SystemExit(f"{window}: no summary.json; --continue takes a window folder that gpu_check wrote")
+    summary = json.loads(path.read_text())
+    if "calls" not in summary or "code" not in summary["environment"]:
+        raise SystemExit(f"{window}: written before windows could be continued (no plan or no code digest); "
+                         f"run make gpu-check afresh")
+    return summary
+
+
+def _set_aside(steps: Sequence[Check], window: Path, call: int) -> dict[str, str]:
+    """Outputs that cut-off steps left inside the window (a sweep writes after each length) move
+    to ``<name>.cut-<call>`` before the steps run again; returns the moves (window-relative)."""
+    moved = {}
+    for token in (t for c in steps for t in c.argv if str(window) in t):
+        path = Path(token[token.index(str(window)):])
+        if path.exists() and path != window and path.is_relative_to(window):
+            aside = path.with_name(f"{path.name}.cut-{call}")
+            path.rename(aside)
+            moved[path.relative_to(window).as_posix()] = aside.relative_to(window).as_posix()
+    return moved
+
+
+def continue_window(window: Path, runs: Path, budget_s: float | None, jobs: int, commit: str | None,
+                    pack: Path | None) -> int:
+    """Run the steps ``window`` planned and has no finished outcome for, with the kind of GPU,
+    driver, stack and code that ran it (a call limit cut it: the same proof, finished in a later
+    call). Outcomes merge in planned order; a step cut by the budget and run again keeps its cut
+    outcome under ``superseded``. Returns 0 when every planned step has passed."""
+    summary = _read_window(window)
+    env = environment_as_sent(commit)
+    differs = [k for k in SAME_RUN if env.get(k) != summary["environment"].get(k)]
+    if differs:
+        was = ", ".join(f"{k}={summary['environment'].get(k)}" for k in differs)
+        now = ", ".join(f"{k}={env.get(k)}" for k in differs)
+        raise SystemExit(f"{window} ran with {was}; here {now}: a window continues only on the same kind of "
+                         f"GPU, driver, stack and code. Run make gpu-check afresh.")
+    pending = pending_steps(summary)
+    kept = [o for o in summary["outcomes"] if o["name"] not in pending]
+    if not pending:
+        print(f"{window}: every planned step has an outcome; nothing to continue")
+        return 0 if all(o["passed"] for o in kept) else 1
+    calls = summary["calls"]
+    call = len(calls) + 1
+    steps = [c for c in checks(runs / "gpu-check" / f"{window.name}-call{call}" / "runs", window, summary["suite"])
+             if c.name in pending]
+    moved = _set_aside(steps, window, call)
+    calls = [*calls, {"started": time.strftime("%Y%m%d-%H%M%S"), "commit": env["commit"],
+                      "ran": [c.name for c in steps], "moved": moved}]
+    plan = {k: summary[k] for k in ("suite", "only", "planned")} | {
+        "calls": calls, "superseded": [*summary.get("superseded", []),
+                                       *(o for o in summary["outcomes"] if o["name"] in pending)]}
+    order = {name: i for i, name in enumerate(summary["planned"])}
+    archive = None if pack is None else pack / f"{window.name}.tar.gz"
+
+    def record(done: list[Outcome]) -> None:
+        merged = sorted([*kept, *(asdict(o) for o in done)], key=lambda o: order[o["name"]])
+        write_summary(window, summary["environment"], merged, plan)
+        if archive is not None:
+            pack_window(window, archive)
+
+    print(f"continuing {window} (call {call}): {len(steps)} step(s)", flush=True)
+    outcomes = run_steps(steps, window, budget_s, jobs, on_done=record, log_prefix=f"call{call}-")
+    print(f"summary: {window / 'summary.md'}" + (f"; packed: {archive}" if archive else ""))
+    return 0 if len(outcomes) == len(steps) and all(o["passed"] for o in [*kept, *map(asdict, outcomes)]) else 1
+
+
+def write_summary(out_dir: Path, env: dict[str, str], outcomes: Sequence[Outcome | dict],
+                  plan: dict | None = None) -> None:
+    """summary.json and summary.md of the steps run so far (``plan``: the suite, --only, the steps
+    it meant to run and the calls that ran them)."""
+    summary = {"dir": str(out_dir), "environment": env, **(plan or {}),
+               "outcomes": [o if isinstance(o, dict) else asdict(o) for o in outcomes]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "summary.md").write_text(summary_md(summary))
 
@@ -600,10 +708,42 @@ def pack_window(window: Path, archive: Path) -> None:
     os.replace(partial, archive)
 
 
+def _not_a_continuation(old: Path, tar: tarfile.TarFile, top: str) -> str | None:
+    """Why the packed window ``top`` does not continue the window ``old`` (None when it does:
+    same run and plan, more calls, every finished outcome kept, every file kept byte for byte,
+    at its place or where the continuation set it aside)."""
+    def member(name: str) -> bytes | None:
+        try:
+            f = tar.extractfile(f"{top}/{name}")
+        except KeyError:
+            return None
+        return None if f is None else f.read()
+
+    was, now = json.loads((old / "summary.json").read_text()), json.loads(member("summary.json") or b"{}")
+    calls = now.get("calls") or []
+    if not was.get("calls") or calls[:len(was["calls"])] != was["calls"] or len(calls) <= len(was["calls"]):
+        return "it is not a later call of the same window"
+    if now.get("environment") != was.get("environment") or now.get("planned") != was.get("planned"):
+        return "its machine, code or plan differ"
+    kept = now.get("outcomes", []) + now.get("superseded", [])
+    if any(o not in kept for o in was["outcomes"]):
+        return "an outcome of the committed window is missing from it"
+    moved = {k: v for c in calls[len(was["calls"]):] for k, v in c.get("moved", {}).items()}
+    for path in sorted(p for p in old.rglob("*") if p.is_file()):
+        rel = path.relative_to(old).as_posix()
+        if rel in ("summary.json", "summary.md"):
+            continue
+        place = next((moved[k] + rel[len(k):] for k in moved if rel == k or rel.startswith(k + "/")), rel)
+        if member(place) != path.read_bytes():
+            return f"{rel} is not in it as committed"
+    return None
+
+
 def unpack_window(archive: Path, records: Path) -> Path:
     """Extract a window packed by ``pack_window`` into ``records/<time>/`` and return that folder.
     Refuses an archive that is not one window with its summary.json, and a window already in
-    ``records`` (records are never overwritten)."""
+    ``records`` (records are never overwritten) unless the archive is that window continued
+    (``--continue``), which then replaces it: it holds every file of it."""
     if not archive.is_file():
         raise SystemExit(f"{archive}: no such file; pass the <time>.tar.gz that gpu_check --pack wrote")
     with tarfile.open(archive) as tar:
@@ -614,11 +754,23 @@ def unpack_window(archive: Path, records: Path) -> Path:
             raise SystemExit(f"{archive}: not one gpu-check window (<time>/summary.json); "
                              f"pack one with python -m pipelines.gpu_check --pack DIR")
         target = records / top
-        if target.exists():
-            raise SystemExit(f"{target} exists: a committed window is never overwritten; "
-                             f"compare it with {archive} by hand")
-        records.mkdir(parents=True, exist_ok=True)
-        tar.extractall(records, filter="data")  # no absolute paths, no links out, no devices
+        if not target.exists():
+            records.mkdir(parents=True, exist_ok=True)
+            tar.extractall(records, filter="data")  # no absolute paths, no links out, no devices
+            return target
+        why = _not_a_continuation(target, tar, top) if (target / "summary.json").is_file() else "no summary there"
+        if why is not None:
+            raise SystemExit(f"{target} exists and {archive} does not continue it ({why}): a committed window "
+                             f"is never overwritten; compare them by hand")
+        incoming = records / f".{top}.incoming"
+        shutil.rmtree(incoming, ignore_errors=True)
+        incoming.mkdir()
+        tar.extractall(incoming, filter="data")
+    old = records / f".{top}.replaced"
+    target.rename(old)
+    (incoming / top).rename(target)
+    shutil.rmtree(old)
+    incoming.rmdir()
     return target
 
 

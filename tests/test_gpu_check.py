@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -436,3 +437,113 @@ def test_the_page_judges_the_efficiency_targets_from_a_gpu_benchmark(tmp_path: P
     assert window_targets(cpu_window) == [] and window_targets(tmp_path / "none") == []
     shutil.copytree(window, tmp_path / "gpu")
     assert window_targets(tmp_path / "gpu")[0] == "### Efficiency targets (TAPE / RoPE)"
+
+
+def _fake_gpu(monkeypatch, steps: list[gpu_check.Check], code: str = "c0de") -> None:
+    """A faked GPU whose checks are ``steps`` (sleepers) and whose code digest is ``code``."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    env = {"device": "fake", "gpu": "True", "driver": "-", "torch": "-", "triton": "-", "cuda": "-",
+           "commit": "abc", "code": code}
+    monkeypatch.setattr(gpu_check, "environment", lambda: dict(env))
+    monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: steps)
+    monkeypatch.setattr(gpu_check, "MIN_LEFT_S", 0.5)
+
+
+def test_a_window_cut_by_the_budget_is_finished_by_a_second_call(tmp_path: Path, monkeypatch) -> None:
+    """A call limit cut the proof: --continue runs what is left on the same machine and code, into
+    the same window; unpacking the continued window replaces the committed one, losing nothing."""
+    pytest.importorskip("torch")
+    names = ("a", "t1", "t2")
+    _fake_gpu(monkeypatch, [_sleeper("a", False, 0.1), _sleeper("t1", True, 20), _sleeper("t2", True, 0.1)])
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    assert gpu_check.main(["--records", str(tmp_path / "device"), "--runs", str(runs), "--pack",
+                           str(tmp_path / "out1"), "--budget", "2"]) == 1
+    (archive,) = (tmp_path / "out1").iterdir()
+    window = gpu_check.unpack_window(archive, results)  # committed here
+    first = json.loads((window / "summary.json").read_text())
+    assert [(o["name"], o["passed"], o["budget_cut"]) for o in first["outcomes"]] == [("a", True, False),
+                                                                                      ("t1", False, True)]
+    assert not gpu_check.complete_core_run(first) and gpu_check.pending_steps(first) == ["t1", "t2"]
+
+    # the next call: the tree (the committed window with it) is copied to the device again
+    _fake_gpu(monkeypatch, [_sleeper(n, n != "a", 0.1) for n in names])
+    device_copy = tmp_path / "copy" / window.name
+    shutil.copytree(window, device_copy)
+    assert gpu_check.main(["--continue", str(device_copy), "--runs", str(runs), "--pack", str(tmp_path / "out2")]) == 0
+    continued = gpu_check.unpack_window(tmp_path / "out2" / archive.name, results)
+    assert continued == window
+    done = json.loads((window / "summary.json").read_text())
+    assert [o["name"] for o in done["outcomes"]] == list(names) and all(o["passed"] for o in done["outcomes"])
+    assert [o["log"] for o in done["outcomes"]] == ["00.log", "call2-00.log", "call2-01.log"]
+    assert [o["name"] for o in done["superseded"]] == ["t1"] and done["calls"][1]["ran"] == ["t1", "t2"]
+    assert (window / "01.log").is_file()  # the cut step's first log is kept
+    assert gpu_check.complete_core_run(done)
+    assert "2 calls, same GPU, stack and code" in gpu_check.page_md([done])
+    # nothing is left to continue
+    assert gpu_check.main(["--continue", str(window), "--runs", str(runs)]) == 0
+
+
+def test_a_window_continues_only_with_the_same_code(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("torch")
+    _fake_gpu(monkeypatch, [_sleeper("a", True, 0.1), _sleeper("b", True, 0.1)])
+    records = tmp_path / "records"
+    assert gpu_check.main(["--records", str(records), "--runs", str(tmp_path), "--only", "a"]) == 0
+    (window,) = records.iterdir()
+    before = (window / "summary.json").read_text()
+    _fake_gpu(monkeypatch, [_sleeper("a", True, 0.1), _sleeper("b", True, 0.1)], code="changed")
+    with pytest.raises(SystemExit, match="code=c0de; here code=changed"):
+        gpu_check.main(["--continue", str(window), "--runs", str(tmp_path)])
+    assert (window / "summary.json").read_text() == before
+    with pytest.raises(SystemExit, match="no summary.json"):
+        gpu_check.main(["--continue", str(tmp_path / "nowhere"), "--runs", str(tmp_path)])
+
+
+def test_a_continuation_sets_partial_outputs_aside_and_unpack_checks_every_file(tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    """A cut step's partial tables move to <name>.cut-2 before it runs again; an archive that
+    drops or changes a committed file is refused."""
+    pytest.importorskip("torch")
+    device = tmp_path / "device"
+
+    _fake_gpu(monkeypatch, [])
+    monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: [
+        gpu_check.Check("sweep", (sys.executable, "-c", "import os, sys, time; d = sys.argv[1][6:]; "
+                                  "os.makedirs(d); open(d + '/t.md', 'w').write('partial'); time.sleep(20)",
+                                  f"--out={record}/sweep"), 30, timed=True)])
+    assert gpu_check.main(["--records", str(device), "--runs", str(tmp_path), "--pack", str(tmp_path / "o1"),
+                           "--budget", "2"]) == 1
+    (window,) = device.iterdir()
+    results = tmp_path / "results"
+    gpu_check.unpack_window(tmp_path / "o1" / f"{window.name}.tar.gz", results)
+    monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: [
+        gpu_check.Check("sweep", (sys.executable, "-c", "import os, sys; d = sys.argv[1][6:]; "
+                                  "os.makedirs(d); open(d + '/t.md', 'w').write('whole')",
+                                  f"--out={record}/sweep"), 30, timed=True)])
+    assert gpu_check.main(["--continue", str(window), "--runs", str(tmp_path), "--pack", str(tmp_path / "o2")]) == 0
+    assert (window / "sweep" / "t.md").read_text() == "whole"
+    assert (window / "sweep.cut-2" / "t.md").read_text() == "partial"
+    archive = tmp_path / "o2" / f"{window.name}.tar.gz"
+
+    (window / "sweep.cut-2" / "t.md").write_text("tampered")  # a continuation that changed a kept file
+    gpu_check.pack_window(window, tmp_path / "bad" / archive.name)
+    with pytest.raises(SystemExit, match="does not continue it .sweep/t.md is not in it"):
+        gpu_check.unpack_window(tmp_path / "bad" / archive.name, results)
+    assert (results / window.name / "sweep" / "t.md").read_text() == "partial"
+    landed = gpu_check.unpack_window(archive, results)
+    assert (landed / "sweep" / "t.md").read_text() == "whole"
+    assert (landed / "sweep.cut-2" / "t.md").read_text() == "partial"
+
+
+def test_the_code_digest_follows_the_code_and_ignores_caches(tmp_path: Path) -> None:
+    from tape.vcs import code_digest
+
+    (tmp_path / "tape" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "tape" / "a.py").write_text("x = 1\n")
+    first = code_digest(tmp_path)
+    (tmp_path / "tape" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    (tmp_path / "tape" / ".hidden").write_text("scratch")
+    assert code_digest(tmp_path) == first
+    (tmp_path / "tape" / "a.py").write_text("x = 2\n")
+    assert code_digest(tmp_path) != first
