@@ -442,14 +442,19 @@ def complete_core_run(summary: dict) -> bool:
             and [o["name"] for o in outcomes] == planned and all(o["passed"] for o in outcomes))
 
 
+def _calls_note(summary: dict) -> str:
+    calls = summary.get("calls") or []
+    return f"; {len(calls)} calls, same GPU, stack and code (--continue)" if len(calls) > 1 else ""
+
+
 def _whole_proof(summaries: list[dict]) -> str:
     """Which windows ran make gpu-check whole with every step passing (what issue 21 asks for)."""
     whole = [s for s in summaries if complete_core_run(s)]
     if not whole:
         return ("No window has yet run `make gpu-check` whole (the core suite, every step) with every step "
                 "passing; the verdicts below come from windows that ran parts of it.")
-    names = ", ".join(f"{Path(s['dir']).name} ({s['environment']['device']}, commit {s['environment']['commit']})"
-                      for s in sorted(whole, key=lambda x: Path(x["dir"]).name))
+    names = ", ".join(f"{Path(s['dir']).name} ({s['environment']['device']}, commit {s['environment']['commit']}"
+                      f"{_calls_note(s)})" for s in sorted(whole, key=lambda x: Path(x["dir"]).name))
     return f"`make gpu-check` ran whole with every step passing in: {names}."
 
 
@@ -466,7 +471,7 @@ def page_md(summaries: list[dict]) -> str:
         "Rendered by `make gpu-page` (`python -m pipelines.gpu_check --render results/gpu.md`) from the "
         "summaries of `make gpu-check` under `results/gpu-check/`, each from a run on a GPU. "
         "Never typed by hand.", "",
-        "## The whole proof in one run", "", _whole_proof(summaries), "",
+        "## The whole proof", "", _whole_proof(summaries), "",
         "## Newest verdict of each check", "",
         "| check | verdict | window | commit |", "|---|---|---|---|", *rows, "",
         *[_window(s) for s in sorted(summaries, key=lambda x: Path(x["dir"]).name, reverse=True)],

@@ -480,7 +480,9 @@ def test_a_window_cut_by_the_budget_is_finished_by_a_second_call(tmp_path: Path,
     assert [o["name"] for o in done["superseded"]] == ["t1"] and done["calls"][1]["ran"] == ["t1", "t2"]
     assert (window / "01.log").is_file()  # the cut step's first log is kept
     assert gpu_check.complete_core_run(done)
-    assert "2 calls, same GPU, stack and code" in gpu_check.page_md([done])
+    page = gpu_check.page_md([done])
+    assert "2 calls, same GPU, stack and code" in page
+    assert f"ran whole with every step passing in: {window.name} (fake, commit abc; 2 calls" in page
     # nothing is left to continue
     assert gpu_check.main(["--continue", str(window), "--runs", str(runs)]) == 0
 
