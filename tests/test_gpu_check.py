@@ -549,3 +549,19 @@ def test_the_code_digest_follows_the_code_and_ignores_caches(tmp_path: Path) -> 
     assert code_digest(tmp_path) == first
     (tmp_path / "tape" / "a.py").write_text("x = 2\n")
     assert code_digest(tmp_path) != first
+
+
+def test_every_hydra_step_composes(tmp_path: Path) -> None:
+    """Every train and benchmark command of either suite composes here, so a renamed key or
+    preset fails in CI rather than in a GPU window."""
+    from pipelines.preflight import compose_or_none
+
+    configs = {"pipelines.train": "config", "pipelines.benchmark": "benchmark"}
+    composed = 0
+    for check in gpu_check.checks(tmp_path / "runs", tmp_path / "record"):
+        module = check.argv[check.argv.index("-m") + 1]
+        if module in configs:
+            overrides = list(check.argv[check.argv.index(module) + 1:])
+            assert compose_or_none(configs[module], overrides) is not None, check.name
+            composed += 1
+    assert composed == len(gpu_check.SMOKE_EXPERIMENTS) + len(gpu_check.GPU_PRESETS) + 4
