@@ -64,11 +64,11 @@ def test_the_core_suite_is_the_proof_and_times_alone_after_the_proofs(tmp_path: 
     assert {c.name for c in gpu_check.checks(tmp_path)} == {c.name for c in core + measure}
 
 
-def _sleeper(name: str, timed: bool, seconds: float, ok: bool = True) -> gpu_check.Check:
+def _sleeper(name: str, timed: bool, seconds: float, ok: bool = True, expected_s: int = 0) -> gpu_check.Check:
     """A step that prints its start and end times (perf_counter is per process: use time.time)."""
     code = (f"import os, time; a = time.time(); time.sleep({seconds}); "
             f"print(a, time.time(), os.environ.get('OMP_NUM_THREADS', 'unset')); raise SystemExit({0 if ok else 1})")
-    return gpu_check.Check(name, (sys.executable, "-c", code), 30, timed=timed)
+    return gpu_check.Check(name, (sys.executable, "-c", code), 30, timed=timed, expected_s=expected_s)
 
 
 def test_untimed_steps_run_side_by_side_and_timed_steps_alone(tmp_path: Path) -> None:
@@ -93,6 +93,16 @@ def test_the_budget_stops_starting_steps(tmp_path: Path, capsys: pytest.CaptureF
     steps = [_sleeper("a", True, 0.1), _sleeper("b", True, 0.1)]
     outcomes = gpu_check.run_steps(steps, tmp_path, budget_s=5)  # under 10 s left: nothing starts
     assert outcomes == [] and capsys.readouterr().out.count("skip ") == 2
+
+
+def test_a_timed_step_expected_to_outlast_the_budget_waits_for_the_next_call(tmp_path: Path, monkeypatch,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(gpu_check, "MIN_LEFT_S", 0.5)
+    steps = [_sleeper("long", True, 0.1, expected_s=60), _sleeper("short", True, 0.1, expected_s=1),
+             _sleeper("side", False, 0.1, expected_s=60)]
+    outcomes = gpu_check.run_steps(steps, tmp_path, budget_s=20)
+    assert [o.name for o in outcomes] == ["short", "side"]  # an untimed step starts early: no skipping
+    assert "skip long" in capsys.readouterr().out
 
 
 def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -513,7 +523,7 @@ def test_a_continuation_sets_partial_outputs_aside_and_unpack_checks_every_file(
     monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: [
         gpu_check.Check("sweep", (sys.executable, "-c", "import os, sys, time; d = sys.argv[1][6:]; "
                                   "os.makedirs(d); open(d + '/t.md', 'w').write('partial'); time.sleep(20)",
-                                  f"--out={record}/sweep"), 30, timed=True)])
+                                  f"--out={record}/sweep"), 30, timed=True, expected_s=0)])
     assert gpu_check.main(["--records", str(device), "--runs", str(tmp_path), "--pack", str(tmp_path / "o1"),
                            "--budget", "2"]) == 1
     (window,) = device.iterdir()
