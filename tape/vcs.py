@@ -37,7 +37,7 @@ CODE = ("tape", "pipelines", "conf", "tests", "Makefile", "pyproject.toml", "req
 
 def code_digest(root: Path, parts: tuple[str, ...] = CODE) -> str:
     """SHA-256 (first 16 hex digits) of the code under ``root``: every file of ``parts`` but
-    caches and hidden ones, by relative path and bytes. Two trees with one digest run the same
+    caches, build metadata and hidden ones, by relative path and bytes. Two trees with one digest run the same
     code, whatever their git history (a device's copy of the tree may carry an older .git)."""
     digest = hashlib.sha256()
     for part in parts:
@@ -45,7 +45,8 @@ def code_digest(root: Path, parts: tuple[str, ...] = CODE) -> str:
         files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file()) if top.is_dir() else []
         for path in files:
             rel = path.relative_to(root)
-            if rel.suffix == ".pyc" or any(q == "__pycache__" or q.startswith(".") for q in rel.parts):
+            if rel.suffix == ".pyc" or any(q == "__pycache__" or q.startswith(".") or q.endswith(".egg-info")
+                                           for q in rel.parts):
                 continue
             digest.update(rel.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
