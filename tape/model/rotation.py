@@ -21,19 +21,13 @@ import torch
 from torch import Tensor
 
 from tape.model.recompute import BuiltOnce
-from tape.pe.rope import rotate_backward, rotated
-
-
-def _grouped(q: Tensor, kv_heads: int) -> Tensor:
-    """q (B, H, N, d) as (B, Hkv, H / Hkv, N, d): each key/value head's query group, a view."""
-    b, h, n, d = q.shape
-    return q.view(b, kv_heads, h // kv_heads, n, d)
+from tape.pe.rope import query_groups, rotate_backward, rotated
 
 
 def rotate_q(q: Tensor, rot: Tensor, dtype: torch.dtype) -> Tensor:
     """q (B, H, N, d) rotated by its key/value head's rot (B, Hkv or 1, N, d), in >= float32 (a
     product and a multiply-add per channel), cast to ``dtype``. No autograd."""
-    return rotated(_grouped(q, rot.shape[1]), rot[:, :, None], dtype).view(q.shape)
+    return rotated(query_groups(q, rot.shape[1]), rot[:, :, None], dtype).view(q.shape)
 
 
 def rotate_k(k: Tensor, rot: Tensor, dtype: torch.dtype) -> Tensor:
@@ -46,7 +40,8 @@ def rotate_qk_backward(dqr: Tensor, dkr: Tensor, q: Tensor, k: Tensor, rot: Tens
     """The gradients of q, k (their dtypes) and rot (its dtype and shape; None unless
     ``needs_rot``) given those of the rotated q and k."""
     heads = rot.shape[1]
-    dq, drot_q = rotate_backward(_grouped(dqr, heads), _grouped(q, heads), rot[:, :, None])  # (B, Hkv, G, N, d)
+    dq, drot_q = rotate_backward(query_groups(dqr, heads), query_groups(q, heads),
+                                 rot[:, :, None])  # (B, Hkv, G, N, d)
     dk, drot_k = rotate_backward(dkr, k, rot)  # (B, Hkv, N, d)
     drot = None
     if needs_rot:

@@ -45,9 +45,13 @@ def rotate_grouped(q: Tensor, k: Tensor, rot: Tensor) -> tuple[Tensor, Tensor]:
     """k (B, Hkv, N, d) rotated by rot (B, Hkv or 1, N, d); q (B, H, N, d) by its key/value
     head's rot (grouped-query attention: H / Hkv query heads share one), rot broadcast over each
     query group (a view of q, not rot repeated per query head)."""
+    return rotate(query_groups(q, rot.shape[1]), rot[:, :, None]).view(q.shape), rotate(k, rot)
+
+
+def query_groups(q: Tensor, kv_heads: int) -> Tensor:
+    """q (B, H, N, d) as (B, Hkv, H / Hkv, N, d): each key/value head's query group, a view."""
     b, h, n, d = q.shape
-    grouped = q.view(b, rot.shape[1], h // rot.shape[1], n, d)  # (B, Hkv or 1, group, N, d)
-    return rotate(grouped, rot[:, :, None]).view(q.shape), rotate(k, rot)
+    return q.view(b, kv_heads, h // kv_heads, n, d)
 
 
 def broadcast_shape(*shapes: torch.Size) -> tuple[int, ...]:
