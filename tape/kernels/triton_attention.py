@@ -577,11 +577,6 @@ def attention_backward(
     return dq, dk, dv, de
 
 
-def zeros_if_none(grad: Tensor | None, like: Tensor) -> Tensor:
-    """An output's gradient in backward, zeros where autograd passed None (the output unused)."""
-    return torch.zeros_like(like) if grad is None else grad
-
-
 class FusedVEAttention(torch.autograd.Function):
     """Autograd wrapper: (q, k, v, e) -> (A·V, A·E) with the fused forward and summed backward.
 
@@ -601,7 +596,6 @@ class FusedVEAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, doe):  # noqa: D102
         q, k, v, e, o, oe, lse = ctx.saved_tensors
-        do, doe = zeros_if_none(do, o), zeros_if_none(doe, oe)
         dq, dk, dv, de = attention_backward(q, k, v, e, o, oe, lse, do, doe, ctx.scale, ctx.block)
         return dq, dk, dv, de, None, None
 

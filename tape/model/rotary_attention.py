@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tape.kernels.triton_attention import _forward, attention_backward, check_inputs, zeros_if_none
+from tape.kernels.triton_attention import _forward, attention_backward, check_inputs
 from tape.model.rotation import (join, joinable, rotate_joined, rotate_joined_backward, rotate_k, rotate_q,
                                  rotate_qk_backward)
 
@@ -37,7 +37,6 @@ class RotaryFusedVEAttention(torch.autograd.Function):
     def backward(ctx, do, doe):  # noqa: D102
         q, k, v, e, rot, o, oe, lse = ctx.saved_tensors
         qr, kr = _rotated(q, k, rot, v.dtype)  # the forward's, bit for bit
-        do, doe = zeros_if_none(do, o), zeros_if_none(doe, oe)
         dqr, dkr, dv, de = attention_backward(qr, kr, v, e, o, oe, lse, do, doe, ctx.scale, None)
         del qr, kr
         dq, dk, drot = rotate_qk_backward(dqr, dkr, q, k, rot, ctx.needs_input_grad[4])
@@ -62,7 +61,6 @@ class JoinedRotaryFusedVEAttention(torch.autograd.Function):
         heads = ctx.heads
         qkr = rotate_joined(qk, rot, v.dtype)  # the forward's, bit for bit
         dqkr = torch.empty_like(qkr)  # the kernel writes dq and dk into its halves
-        do, doe = zeros_if_none(do, o), zeros_if_none(doe, oe)
         _, _, dv, de = attention_backward(qkr[:, :heads], qkr[:, heads:], v, e, o, oe, lse, do, doe, ctx.scale,
                                           None, into=(dqkr[:, :heads], dqkr[:, heads:]))
         del qkr

@@ -91,16 +91,6 @@ def rotate_joined_backward(dqk: Tensor, qk: Tensor, rot: Tensor, needs_rot: bool
     return dx.view(qk.shape), (_sum_to(drot, r.shape).view(rot.shape).to(rot.dtype) if needs_rot else None)
 
 
-def join_grads(dqr: Tensor | None, dkr: Tensor | None, qk: Tensor, heads: int) -> Tensor:
-    """The gradients of a joined q and k's two halves as one (B, H + Hk, N, d) tensor, in qk's
-    layout (None: zeros)."""
-    if dqr is None or dkr is None:
-        zeros = qk.new_zeros(qk.shape)
-        dqr = zeros[:, :heads] if dqr is None else dqr
-        dkr = zeros[:, heads:] if dkr is None else dkr
-    return join(dqr, dkr)
-
-
 class RotateQK(torch.autograd.Function):
     """(q, k, rot, dtype) -> (q rotated, k rotated) in ``dtype``; keeps q, k and rot for backward."""
 
@@ -112,8 +102,6 @@ class RotateQK(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dqr, dkr):  # noqa: D102
         q, k, rot = ctx.saved_tensors
-        dqr = torch.zeros_like(q) if dqr is None else dqr
-        dkr = torch.zeros_like(k) if dkr is None else dkr
         dq, dk, drot = rotate_qk_backward(dqr, dkr, q, k, rot, ctx.needs_input_grad[2])
         return dq, dk, drot, None
 
@@ -132,7 +120,7 @@ class RotateJoined(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dqr, dkr):  # noqa: D102
         qk, rot = ctx.saved_tensors
-        dqk, drot = rotate_joined_backward(join_grads(dqr, dkr, qk, ctx.heads), qk, rot, ctx.needs_input_grad[1])
+        dqk, drot = rotate_joined_backward(join(dqr, dkr), qk, rot, ctx.needs_input_grad[1])
         return dqk, drot, None, None
 
 
