@@ -11,7 +11,7 @@ import yaml
 
 from pipelines.plan import claim_steps
 from pipelines.reproduce import execute, pending
-from tape.report.claims import build, evaluate_claim, load_claims
+from tape.report.claims import arm_table_rows, build, evaluate_claim, load_claims
 from tape.report.document import Context
 from tape.report.runs import find_runs
 from test_report import make_run
@@ -78,6 +78,9 @@ def test_a_failed_control_drops_its_seeds_pair_and_names_it(tmp_path: Path) -> N
     assert result.control_failed[("tape", "rope")] == {
         3: ["TAPE at task.scratchpad=interleaved", "RoPE at task.scratchpad=mnemonics"]}
     assert not result.control_missing[("tape", "rope")] and not result.invalid[("tape", "rope")]
+    seeds = {row[1]: row[2] for row in arm_table_rows(result, cfg)}  # per arm: its own seeds only
+    assert seeds == {"TAPE": "0, 1, 2, 4, 5, 6, 7 (left out: 3 a control failed)",
+                     "RoPE": "0, 1, 2, 4, 5, 6, 7 (left out: 3 a control failed)"}
     every, notes = rendered(tmp_path, claims, runs)
     assert every["n paired seeds (planned)"] == "7 (planned 8)"
     assert every["verdict"].startswith("**better**")

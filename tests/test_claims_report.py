@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from tape.report.claims import load_claims
+from tape.report.claims import CLAIMS_FILE, load_claims
 from tape.report.render import render
 from test_report import make_run
 
@@ -266,6 +267,12 @@ def test_seeds_where_an_arm_did_not_learn_the_task_are_left_out_and_named(tmp_pa
     assert c1["n paired seeds (planned)"] == "5 (planned 8)" and c1["effect Δ [95 % CI]"].startswith("Δ +3.00 [")
     assert c1["verdict"].startswith("no verdict, described (n = 5 < 6 paired seeds")
     assert "2 seed(s) invalid, left out (1, 4: in_distribution_accuracy < 95)" in c1["verdict"]
+    # the per-arm table never averages an invalid seed: it names it
+    arms = {r["arm"]: r for r in csv.DictReader(open(out / "tables" / "claims_arms.csv", newline=""))}
+    tape = arms["TAPE + Abacus"]
+    assert tape["seeds"] == "0, 2, 3, 4, 5, 6 (left out: 1 invalid)"
+    assert tape["the claim's metric: mean ± sd [min, max]"].startswith("16.33 ± ")
+    assert arms["RoPE + Abacus"]["seeds"] == "0, 1, 2, 3, 5, 6 (left out: 4 invalid)"
     # none valid: no verdict, and the reason
     for path in runs.rglob("metrics.json"):
         path.write_text(path.read_text().replace('"in_distribution_accuracy": 99.0', '"in_distribution_accuracy": 50.0'))
@@ -374,3 +381,14 @@ def test_pretraining_claims_draw_loss_against_training_flops(tmp_path: Path) -> 
     render(runs, tmp_path / "results")
     assert (tmp_path / "results" / "figures" / "claim_c2_flops.png").read_bytes()[:4] == b"\x89PNG"
     assert "claim_c2_flops.png" in (tmp_path / "results" / "claims_detail.md").read_text()
+
+
+def test_an_exploratory_claim_with_a_paper_effect_is_refused(tmp_path: Path) -> None:
+    raw = yaml.safe_load(CLAIMS_FILE.read_text())
+    claim = next(c for c in raw["claims"] if c.get("paper_effect"))
+    claim["exploratory"] = True
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=rf"claim {claim['id']}: an exploratory claim is described, never "
+                                         r"judged, so its paper_effect cannot be tested: remove paper_effect"):
+        load_claims(path)

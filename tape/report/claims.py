@@ -180,6 +180,10 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
         if any(p not in pairs for p in paper_on):
             raise ValueError(f"{path}: claim {c['id']}: paper_effect.comparisons {[list(p) for p in paper_on]} "
                              f"must be tested comparisons (primary or secondary)")
+        if paper and c.get("exploratory"):
+            raise ValueError(f"{path}: claim {c['id']}: an exploratory claim is described, never judged, so "
+                             f"its paper_effect cannot be tested: remove paper_effect, or register the "
+                             f"reading as its own claim on fresh seeds and give it paper_effect there")
         if c["metric"] not in metrics:
             raise ValueError(f"{path}: claim {c['id']}: metric {c['metric']!r} is not under 'metrics' "
                              f"({sorted(metrics)})")
@@ -285,6 +289,8 @@ class ClaimResult:
     control_missing: dict[tuple[str, str], dict[int, list[str]]] = field(default_factory=dict)
     # per arm, its control runs by control ("task.scratchpad=interleaved": runs)
     control_runs: dict[str, dict[str, list[Run]]] = field(default_factory=dict)
+    # per arm, its own seeds left out of every average: {seed: why} (invalid, or a control failed / not run)
+    left_out: dict[str, dict[int, str]] = field(default_factory=dict)
 
 
 def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimResult:
@@ -322,8 +328,11 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
         decided = [replace(c, verdict=DESCRIBED, reason=f"exploratory, p = {c.p_adjusted:.3g}: the reading was "
                            "chosen after seeing earlier runs; a claim on fresh seeds confirms it or not")
                    if c.n >= MIN_VERDICT_PAIRS else c for c in decided]
+    left_out = {name: {**{s: "a control not run" for s in missing[name]},
+                       **{s: "a control failed" for s in failed[name]},
+                       **{s: "invalid" for s in invalid[name]}} for name in claim.arm_names}
     return ClaimResult(claim, decided, values, used, unpaired, arm_runs, dropped, control_failed, control_missing,
-                       control_runs)
+                       control_runs, left_out)
 
 
 def control_results(claim: Claim, arm: Arm, runs: list[Run], require: Mapping[str, Any], seeds: set[int]
@@ -465,8 +474,18 @@ def steps_to(run: Run, threshold: float = 0.99, key: str = "val/exact_match") ->
 
 
 def _arm_runs(result: ClaimResult, arm: str) -> list[Run]:
-    """The runs an arm contributed to the claim, by seed."""
-    return sorted(result.arm_runs.get(arm, []), key=lambda r: r.seed)
+    """The runs an arm contributed to the claim, by seed, without the seeds it left out."""
+    left_out = result.left_out.get(arm, {})
+    return sorted((r for r in result.arm_runs.get(arm, []) if r.seed not in left_out), key=lambda r: r.seed)
+
+
+def _seeds_cell(result: ClaimResult, arm: str, runs: list[Run]) -> str:
+    """The seeds an arm's row averages, then the ones it left out and why."""
+    cell = ", ".join(str(r.seed) for r in runs) or "none"
+    left_out = result.left_out.get(arm, {})
+    shown = {r.seed for r in result.arm_runs.get(arm, [])}
+    named = [f"{seed} {why}" for seed, why in sorted(left_out.items()) if seed in shown]
+    return cell + (f" (left out: {', '.join(named)})" if named else "")
 
 
 def _spread(values: list[float], digits: int = 2) -> str:
@@ -502,7 +521,7 @@ def arm_table_rows(result: ClaimResult, cfg: ClaimsConfig) -> list[list[str]]:
     claim = result.claim
     for name in claim.arm_names:
         runs = _arm_runs(result, name)
-        if not runs:
+        if not result.arm_runs.get(name):
             continue
         cells = []
         for key in claim.also:
@@ -514,7 +533,7 @@ def arm_table_rows(result: ClaimResult, cfg: ClaimsConfig) -> list[list[str]]:
             if vals:
                 cells.append(f"{key}: {_spread(vals, 3 if abs(np.mean(vals)) < 1 else 2)}")
         metric_digits = 3 if cfg.metrics[claim.metric].margin < 0.1 else 2
-        rows.append([claim.id, cfg.arms[name].title, ", ".join(str(r.seed) for r in runs),
+        rows.append([claim.id, cfg.arms[name].title, _seeds_cell(result, name, runs),
                      _spread([result.values[name][r.seed] for r in runs], metric_digits), "; ".join(cells)])
     return rows
 

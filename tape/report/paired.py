@@ -11,7 +11,9 @@ t interval excludes 0 *and* the sign-flip test agrees. Verdicts:
 - equivalent: otherwise, when the 90 % interval lies inside ±margin (two one-sided tests);
 - inconclusive: otherwise (a non-significant difference is not a tie);
 - described (no verdict word): fewer than MIN_VERDICT_PAIRS pairs, or a comparison registered
-  only to be described; it keeps its effect and interval and stays out of the Holm family.
+  only to be described; it keeps its effect and interval. Only the latter stays out of the Holm
+  family: the family is every registered secondary comparison, fixed before the runs, so a
+  secondary short of pairs still counts in Holm's k (the conservative side).
 
 A family of k tested comparisons can reach alpha only with n >= needed_pairs(k, alpha) pairs
 (the sign-flip test's smallest p is 2 / 2^n). ``paper_effect_test`` tests the paper's own
