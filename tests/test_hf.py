@@ -57,6 +57,24 @@ def test_add_tape_is_identity_at_init(case):
         assert (tape_model(ids).logits - before).abs().max() > 1e-3  # TAPE's weights act
 
 
+@pytest.mark.parametrize("case", ["mha", "gqa-pi"])
+@pytest.mark.parametrize("cast", ["to_bf16", "half"])
+def test_casting_a_tape_model_keeps_its_rotary_frequencies_fp32(case, cast):
+    kv, rope = ROPES[case]
+    model = add_tape(tiny_llama(kv, rope))
+    rotary = model.model.rotary_emb
+    before = {name: buf.clone() for name, buf in rotary.named_buffers()}
+    model = model.to(torch.bfloat16) if cast == "to_bf16" else model.half()
+    low = torch.bfloat16 if cast == "to_bf16" else torch.float16
+    assert model.model.embed_tokens.weight.dtype == low  # the weights did cast
+    for name, buf in rotary.named_buffers():  # layer 0's E comes from these: never rounded
+        assert buf.dtype == torch.float32 and torch.equal(buf, before[name]), name
+    ids = torch.randint(0, 50, (1, 12))
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits.float()).all()
+    assert all(torch.equal(buf, before[n]) for n, buf in model.double().model.rotary_emb.named_buffers())
+
+
 def test_add_tape_rejects_other_models_and_double_conversion():
     with pytest.raises(TypeError, match="LlamaForCausalLM"):
         add_tape(torch.nn.Linear(2, 2))

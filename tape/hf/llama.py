@@ -107,6 +107,17 @@ class TapeLlamaModel(LlamaModel):
 
     tape_cfg: ModelConfig
 
+    def _apply(self, fn: Any, recurse: bool = True) -> "TapeLlamaModel":
+        """Casts (``.to(torch.bfloat16)``, ``.half()``) move the rotary frequencies but keep them
+        fp32: layer 0's E is built from them, and bf16 frequencies put radians of error at 4k."""
+        kept = {name: buf for name, buf in self.rotary_emb.named_buffers(recurse=False) if buf.is_floating_point()}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = getattr(self.rotary_emb, name)
+            if torch.finfo(after.dtype).bits < torch.finfo(before.dtype).bits:
+                setattr(self.rotary_emb, name, before.to(after.device))
+        return self
+
     def _layer(self, idx: int, x: Tensor, rot: Tensor, state: PositionState, mask, cache):
         layer, cfg = self.layers[idx], self.tape_cfg
         state = state if state.rot is rot else state.with_rot(rot)
