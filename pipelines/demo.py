@@ -1,5 +1,5 @@
 """A first look in minutes: ``make demo`` (``python -m pipelines.demo``) trains TAPE and RoPE on
-flip-flop at a few seeds (experiment=flipflop/demo, about 3 minutes on 2 cores), then writes
+flip-flop at a few seeds (experiment=flipflop/demo, under 2 minutes on 2 cores), then writes
 ``runs/demo/report/README.md``: read error by length for each encoding (a figure) and the paired
 difference TAPE - RoPE beyond the training length (a table). Not a result: a demo's seeds are
 too few for a verdict, and the report says so.

@@ -1,7 +1,7 @@
 """Run the experiments of one profile, then render results/: ``python -m pipelines.reproduce
 --profile P`` loads the plan, conf/reproduce/<P>.yaml (pipelines/plan.py; docs/reproduction.md),
 finds the runs it still lacks, runs them and renders results/ (a print-only profile, ``paper``,
-prints its Hydra multiruns instead and renders whatever has finished). A profile runs the claims
+prints its Hydra multiruns instead, runs nothing and writes nothing). A profile runs the claims
 of conf/claims.yaml it names, every arm at the seeds its claim's plan gives it (primary arms
 first, seed by seed, so an interrupted reproduction leaves whole pairs), and the paper's tables at
 ``--seeds``; the profiles are listed below.
@@ -412,7 +412,7 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
             print(estimate(steps, args.runs, args.jobs, records, profile.minutes_note))
         print(summary(outcomes))
         print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
-    if not args.no_report and not args.dry_run:
+    if not args.no_report and not args.dry_run and not profile.print_only:
         scale = profile.scale
         if publish_benchmark(args.runs, scale, args.out):
             print(f"benchmark: {bench_dir(args.runs, scale)}/efficiency.{{md,json}} copied to {args.out}/")

@@ -77,13 +77,19 @@ def test_cpu_plan_lists_every_experiment_in_order(tmp_path: Path) -> None:
     assert step(steps, "scrolls").unavailable.startswith("not run: data unavailable")
 
 
-def test_paper_plan_prints_multiruns_and_runs_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_paper_plan_prints_multiruns_and_runs_nothing(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(launch: Launch) -> int:
         raise AssertionError(f"the paper profile must not run {launch}")
 
+    def no_render(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the paper profile prints only: it must not render results/")
+
+    monkeypatch.setattr(reproduce, "render", no_render)
     reproduce.main(["--profile", "paper", "--runs", str(tmp_path / "runs"), "--out",
-                    str(tmp_path / "results"), "--no-report"], runner=refuse)
+                    str(tmp_path / "results")], runner=refuse)
     out = capsys.readouterr().out
+    assert not (tmp_path / "results").exists()  # prints only: never renders (or touches) results/
     assert "python -m pipelines.train -m experiment=addition/paper pe=rope,randpe,nope,fire,tape seed=0" in out
     assert "experiment=scrolls/paper" in out and "task.dataset=qasper,contract_nli" in out
     assert "experiment=context_extension/paper" in out and "model.pretrained_path=" in out
