@@ -19,6 +19,13 @@ import tape.pe
         (dict(pe="tape", pe_options=dict(tape_post_atn="mix")), ["'tape_post_atn'", "did you mean 'tape_post_attn'"]),
         (dict(attn_backend="cuda"), ["attn_backend", "'sdpa'"]),
         (dict(pe="randpe", randpe_max_position=8, max_seq_len=32), ["randpe_max_position=8", "max_seq_len"]),
+        (dict(pe="rope", rope_theta="abc"), ["rope_theta='abc' (str) is not one of: float (pe='rope')"]),
+        (dict(pe="tape", rope_theta=-5), ["rope_theta=-5 must be > 0"]),
+        (dict(pe="xpos", rope_theta=0.0), ["rope_theta=0.0 must be > 0"]),
+        (dict(pe="tape", tape_attn_update=1), ["tape_attn_update=1 (int) is not one of: bool"]),
+        (dict(pe="tape", tape_position_size=2.5), ["tape_position_size=2.5 (float) is not one of: int, null"]),
+        (dict(pe="tape", tape_fused="yes"), ["tape_fused='yes'", "bool, 'two_calls', 'concat', 'padded', null"]),
+        (dict(pe="cope", cope_npos="8"), ["cope_npos='8' (str) is not one of: int, null"]),
     ],
 )
 def test_bad_config_names_field_and_fix(kwargs, fragments):

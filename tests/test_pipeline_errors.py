@@ -97,6 +97,17 @@ def test_a_value_of_the_wrong_type_is_named_not_a_traceback(override: str, tmp_p
     assert f"{key}='{value}' must be an integer" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("override, message", [
+    ("pe.rope_theta=abc", "rope_theta='abc' (str) is not one of: float (pe='tape')"),
+    ("pe.rope_theta=-5", "rope_theta=-5 must be > 0"),
+])
+def test_an_encoding_option_of_the_wrong_type_or_range_is_refused_before_any_folder(
+        override: str, message: str, tmp_path: Path) -> None:
+    out = cli(["experiment=addition/smoke", "pe=tape", "logger=csv", override], tmp_path)
+    assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("value,message", [
     ("optim.lr=-1", "optim.lr=-1: must be > 0"),
     ("optim.betas=[0.9,1.5]", "optim.betas=[0.9, 1.5]: two values in [0, 1)"),

@@ -126,9 +126,12 @@ class RotaryOptions(PEOptions):
     """Linear position interpolation: positions are divided by this factor (1 = none)."""
 
     def problems(self, cfg: "ModelConfig") -> list[str]:
+        out = []
+        if self.rope_theta <= 0:
+            out.append(f"rope_theta={self.rope_theta} must be > 0 (the rotary base; the paper's 10000)")
         if self.rope_scaling <= 0:
-            return [f"rope_scaling={self.rope_scaling} must be > 0 (1 = no interpolation)"]
-        return []
+            out.append(f"rope_scaling={self.rope_scaling} must be > 0 (1 = no interpolation)")
+        return out
 
 
 class PositionLimit(NamedTuple):
