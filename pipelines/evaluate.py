@@ -16,6 +16,7 @@ The metrics are printed and logged to the run's loggers (CSV, W&B offline as the
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,12 +26,11 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.entry import task_wrapper
+from pipelines.entry import run_entry, task_wrapper
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import CONF_DIR, instantiate_group
 from pipelines.models import check_position_range
 from pipelines.precision import eval_autocast
-from pipelines.preflight import unknown_choice
 from pipelines.result_files import write_json_once
 from pipelines.run_dirs import claim_run_dir
 from pipelines.run_source import RunSource, open_run
@@ -42,6 +42,8 @@ RERUN_KEYS = ("eval_max_digits", "examples_per_cell", "eval_seed", "eval_batch_s
 
 def resolve_device(device: str) -> str:
     """``auto``: cuda when a GPU is visible, else cpu; ``cuda`` without a GPU is an error."""
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise PipelineConfigError(f"device={device}: choose auto, cpu, cuda or cuda:<index>")
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -125,6 +127,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     if (problem := run_dir_problem([f"run_dir={cfg.run_dir}"])) is not None:
         raise PipelineConfigError(problem)
+    device = resolve_device(str(cfg.device))
     source = open_run(Path(cfg.run_dir), str(cfg.ckpt), cfg.get("stage"))
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +136,6 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     mc = source.model_config()
     if mc is not None and (need := task.positions_needed(task_cfg)) is not None:
         check_position_range(mc, *need)  # e.g. RandPE asked beyond its trained range
-    device = resolve_device(str(cfg.device))
     task.check(task_cfg)  # e.g. passkey: every prompt length fits, with the run's tokenizer
     model, facts = source.load_model(device, str(cfg.dtype))  # a broken checkpoint fails here
     claim_run_dir(out_dir, OmegaConf.create({"run_dir": str(source.run_dir), "stage": source.stage,
@@ -162,6 +164,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    if message := unknown_choice(sys.argv[1:]) or run_dir_problem(sys.argv[1:]):
+    if message := run_dir_problem(sys.argv[1:]):
         sys.exit(message)
-    main()
+    run_entry(main, sys.argv[1:], config_name="evaluate")

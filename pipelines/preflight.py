@@ -166,7 +166,7 @@ def unknown_key_problem(config_name: str, overrides: list[str]) -> str | None:
     known = _dotted_keys(OmegaConf.to_container(cfg, resolve=False))
     problems = []
     for key in (o.split("=", 1)[0] for o in settings):
-        if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+        if key not in known and OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:  # ??? values are known
             near = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
             hint = f"did you mean {' or '.join(near)}?" if near else "no key of that name is near it"
             problems.append(f"unknown key {key}; {hint} (to add a new key on purpose: +{key}=...)")

@@ -6,12 +6,13 @@ import re
 from typing import Any
 
 
-HEADLINE = re.compile(r"(accuracy|^ppl_|^passkey_|score|^f1$|^exact_match|^rouge|^val_loss$)")
+HEADLINE = re.compile(r"(accuracy|^ppl_|^passkey_|score|^f1$|^exact_match|^rouge|^val_loss$|^read_error_(ood|\d+x)$)")
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, float]:
     """The task's headline numbers: accuracies (addition), perplexities (pretraining, context
-    extension), passkey accuracies, scores (SCROLLS), and the final validation loss."""
+    extension), passkey accuracies, scores (SCROLLS), flip-flop read errors by length, and the
+    final validation loss."""
     return {k: float(v) for k, v in metrics.items()
             if HEADLINE.search(k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
@@ -27,7 +28,9 @@ def run_summary(job: dict[str, Any]) -> str:
     cfg, m = job["cfg"], job["metrics"]
     what = " ".join(f"{k}={v}" for k, v in (
         ("experiment", cfg.get("experiment_name")), ("pe", (cfg.get("pe") or {}).get("name")),
-        ("seed", cfg.get("seed"))) if v is not None)
+        ("seed", cfg.get("seed"))) if v is not None) or " ".join(  # an evaluation: the run it read
+        f"{k}={v}" for k, v in (("run_dir", cfg.get("run_dir")), ("task", (cfg.get("task") or {}).get("name")))
+        if v is not None)
     lines = [f"---- {job['entry']} done: {what}",
              f"  metrics: {_fmt(headline(m)) or 'none'}"]
     timing = [f"{k} {float(m[k]):.1f}" for k in ("steps", "train_time_s", "wall_time_s") if k in m]

@@ -85,6 +85,23 @@ def test_missing_run_dir_is_one_line_naming_the_key_and_creates_nothing(tmp_path
     assert list(tmp_path.iterdir()) == []  # neither outputs/ nor nope/eval/...
 
 
+def test_a_misspelt_key_or_device_is_named_with_the_fix_and_creates_nothing(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 0\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    for args, message in ((["task=passkey", "task.trails=3"], "unknown key task.trails; did you mean task.trials"),
+                          (["devce=cpu"], "unknown key devce; did you mean device?")):
+        out = subprocess.run([sys.executable, "-m", "pipelines.evaluate", f"run_dir={run}", *args], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert "run_dir;" not in out.stderr  # a mandatory key given on the command line is known
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]  # no eval/ directory
+    with pytest.raises(PipelineConfigError, match="device=gpu: choose auto, cpu, cuda or cuda:<index>"):
+        resolve_device("gpu")
+    assert resolve_device("cpu") == "cpu"
+
+
 def test_run_dir_problem_names_the_key() -> None:
     assert "run_dir=" in run_dir_problem(["task=passkey"])
     assert "run_dir=/no/such/dir" in run_dir_problem(["run_dir=/no/such/dir"])

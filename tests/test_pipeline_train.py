@@ -248,6 +248,16 @@ def test_the_summary_shows_each_tasks_headline_metrics() -> None:
     assert headline(pretrain) == {"ppl_1x": 91.8, "ppl_4x": 97.3, "val_loss": 4.5}
     assert headline(scrolls) == {"scrolls_score": 12.5, "f1": 12.5}
     assert headline(extend) == {"ppl_books_512_tape": 80.5, "passkey_512_tape": 0.2}
+    flipflop = {"read_error_1x": 0.1, "read_error_2x": 4.5, "read_error_dense_2x": 1.2, "read_error_ood": 7.6}
+    assert headline(flipflop) == {"read_error_1x": 0.1, "read_error_2x": 4.5, "read_error_ood": 7.6}
+
+
+def test_an_evaluations_summary_names_the_run_it_read() -> None:
+    from pipelines.summaries import run_summary
+
+    job = {"entry": "evaluate", "cfg": {"run_dir": "runs/x/0/run", "task": {"name": "passkey"}},
+           "metrics": {"passkey_1024": 1.0}}
+    assert run_summary(job).splitlines()[0] == "---- evaluate done: run_dir=runs/x/0/run task=passkey"
 
 
 def test_a_run_still_training_is_never_resumed_and_a_crashed_one_is(make_cfg) -> None:
