@@ -601,3 +601,15 @@ def test_a_seed_whose_base_misses_its_own_passkeys_is_left_out_of_the_passkey_ta
     with open(out / "tables" / "context_extension_cpu_perplexity.csv", newline="") as f:
         base = next(r for r in csv.DictReader(f) if r["method"].startswith("base"))
     assert base["books 256"] == "45.0" and base["books 256 n"] == "2"  # perplexity keeps both seeds
+
+
+def test_rendering_only_smoke_runs_names_the_scale_to_render(tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    make_run(runs, "addition/smoke", "tape", 0, "20261123-100000-aaaaaa-0",
+             {"task": "addition", "mean_accuracy": 50.0}, {"task": {"name": "addition"}})
+    assert report_main(["--runs", str(runs), "--out", str(tmp_path / "report")]) == 1
+    err = capsys.readouterr().err
+    assert "no finished run at scale cpu" in err
+    assert 'its finished runs are at scale smoke: render only those with --scale smoke' in err
+    assert not (tmp_path / "report").exists()
+    assert report_main(["--runs", str(runs), "--out", str(tmp_path / "report"), "--scale", "smoke"]) == 0

@@ -172,7 +172,11 @@ def would_lose(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_d
     ``out_dir``/runs.csv used, that has no finished run now (e.g. a fresh clone, where runs/ is
     not committed) and whose section is not carried over."""
     where = runs_dir.resolve()
-    problems = [f"no finished run at scale {scale} under {where}" for scale in scales
+    found = sorted({r.scale for r in runs if r.finished})
+    only = " ".join(f"--scale {f}" for f in found)
+    elsewhere = (f" (its finished runs are at scale {', '.join(found)}: render only those with {only}, "
+                 f"make report ... REPORT_ARGS=\"{only}\")") if found else ""
+    problems = [f"no finished run at scale {scale} under {where}{elsewhere}" for scale in scales
                 if not any(r.finished and r.scale == scale for r in runs)
                 and not any(c.scale == scale for c in carried)]
     have = {(r.experiment, r.pe) for r in runs if r.finished}
