@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tape.data.addition import (
-    EOS, EQUALS, IGNORE_INDEX, PAD, PLUS, VOCAB_SIZE, AdditionExample, AdditionStream,
+    EOS, EQUALS, IGNORE_INDEX, PAD, PLUS, VAL_STREAM, VOCAB_SIZE, AdditionExample, AdditionStream,
     bucket_examples, cell_examples, collate, decode, encode, max_sequence_length, parse_sum,
 )
 
@@ -104,6 +104,18 @@ def test_stream_batches_depend_only_on_seed_rank_and_index() -> None:
     assert int(resumed["batch_index"]) == 3
     other_rank = AdditionStream(seed=1, max_digits=5, batch_size=4, rank=1).batch(0)
     assert not torch.equal(batches[0]["input_ids"], other_rank["input_ids"])
+
+
+def test_no_rank_trains_on_the_validation_sums() -> None:
+    """Rank 1's batch 0 drew the validation set (SeedSequence pads [seed, 1] with zeros)."""
+    def sums(batch: dict[str, torch.Tensor]) -> set[str]:
+        return {decode(row).replace("<pad>", "") for row in batch["input_ids"].tolist()}
+
+    val = sums(collate(bucket_examples(7, 64, 8, stream=VAL_STREAM)))
+    batches = [AdditionStream(seed=7, max_digits=8, batch_size=64, rank=r).batch(i) for r in range(4) for i in range(4)]
+    assert all(len(sums(b) & val) <= 3 for b in batches)  # chance repeats of short sums only
+    # rank 0 (every single-device run) draws what it always drew
+    assert torch.equal(batches[2]["input_ids"], collate(bucket_examples([7, 0, 2], 64, 8))["input_ids"])
 
 
 def test_bad_lengths_are_rejected() -> None:

@@ -31,7 +31,7 @@ PLUS, EQUALS = TOKEN_ID["+"], TOKEN_ID["="]
 VOCAB_SIZE = len(VOCAB)  # 18
 
 # Independent random streams derived from one user seed (NumPy SeedSequence entropy words).
-TRAIN_STREAM, VAL_STREAM, GRID_STREAM, SAMPLE_STREAM = 0, 1, 2, 3
+TRAIN_STREAM, VAL_STREAM, GRID_STREAM, SAMPLE_STREAM, RANK_STREAM = 0, 1, 2, 3, 4
 
 
 def encode(text: str) -> list[int]:
@@ -172,7 +172,11 @@ class AdditionStream(IterableDataset):
         self.rank, self.start = rank, start
 
     def batch(self, index: int) -> dict[str, Tensor]:
-        examples = bucket_examples([self.seed, self.rank, index], self.batch_size, self.max_digits)
+        # Rank 0 keeps the words single-device runs always used. SeedSequence pads entropy with
+        # zeros to four words, so [seed, 1, 0, 0] (rank 1, batch 0) drew the validation set's
+        # [seed, 1]: other ranks take a stream word of their own.
+        words = [self.seed, self.rank, index] if self.rank == 0 else [self.seed, RANK_STREAM, self.rank, index]
+        examples = bucket_examples(words, self.batch_size, self.max_digits)
         out = collate(examples)
         out["batch_index"] = torch.tensor(index)
         return out
