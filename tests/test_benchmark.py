@@ -344,6 +344,20 @@ def test_the_sweep_times_each_length_both_passes_and_says_what_did_not_run(tmp_p
     assert_tables_well_formed(md)
 
 
+@pytest.mark.parametrize("mode", ["unfused", "concat", "padded"])
+def test_the_swept_backward_differentiates_tapes_e_as_layers_past_the_first_do(mode):
+    """Past layer 0, E is computed, so backward owes it a gradient through A·E (for two SDPA
+    calls, one more N x N product); the sweep timed and counted the op without it."""
+    from tape.bench.sweep import _variants, _with_grads
+
+    (variant,) = _variants([f"tape_{mode}"])
+    base = ModelConfig(vocab_size=8, n_layers=2, d_model=32, n_heads=2, max_seq_len=64, attn_backend="sdpa")
+    cfg = variant.config(base)
+    op = build_attention_op(cfg, 2, 16, torch.device("cpu"), torch.float64)
+    grads = _with_grads(op)()
+    assert grads[-1] is not None and grads[-1].shape == op.state.rot.shape and grads[-1].abs().sum() > 0
+
+
 def test_the_fastest_tape_path_is_the_quickest_that_ran():
     from tape.bench.sweep import fastest_tape_path
 

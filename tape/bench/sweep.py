@@ -21,6 +21,7 @@ from tape.bench.flops import META, count_flops
 from tape.bench.timing import time_interleaved
 from tape.bench.variants import TAPE_MODES, Variant, counted_config, make_variants, not_run_reason
 from tape.model import ModelConfig
+from tape.pe.tape import TAPELayer
 
 BIAS_PES = ("fire", "t5")
 
@@ -43,10 +44,14 @@ class SweepSettings:
 
 
 def _with_grads(op: AttentionOp) -> Callable[[], Any]:
-    """One forward and backward of ``op``: the gradients of q, k, v and the layer's weights."""
+    """One forward and backward of ``op``: the gradients of q, k, v, the layer's weights and,
+    for TAPE, of E (past layer 0 E is computed, so its gradient flows back through A·E)."""
     for t in (op.q, op.k, op.v):
         t.requires_grad_(True)
     inputs = [op.q, op.k, op.v, *(p for p in op.layer.parameters() if p.requires_grad)]
+    if isinstance(op.layer, TAPELayer) and any(True for _ in op.layer.parameters()):  # E is updated
+        op.state = op.state.with_rot(op.state.rot.detach().requires_grad_(True))
+        inputs.append(op.state.rot)
 
     def step() -> Any:
         out, rot = op()
