@@ -52,7 +52,14 @@ def targets_md(efficiency: dict) -> list[str]:
             f"| {_verdict(time, STEP_TIME_TARGET)} | {'-' if memory is None else f'{memory:.3f}'} "
             f"| {_verdict(memory, STEP_MEMORY_TARGET)} | {'-' if forward is None else f'{forward:.2f}'} "
             f"| {row.get('flops', float('nan')):.3f} |")
-    mfu = (efficiency["train_step"].get("rows", {}).get("rope") or {}).get("mfu")
+    rows = efficiency["train_step"].get("rows", {})
+    rope, fused, kernel = ((rows.get(f"{name}") or {}).get("flops") for name in ("rope", "tape_fused", "tape_triton"))
+    if rope and fused and kernel and fused != kernel:
+        lines += ["", f"FLOPs / RoPE of tape_fused=true ({fused / rope:.3f}) differ from the Triton kernel's "
+                  f"({kernel / rope:.3f}), though `auto` ran that kernel: this window's code counted "
+                  "tape_fused=true as the CPU's one call with q and k padded (corrected in d0e5bcc, "
+                  "which counts it on CUDA as one QKᵀ). The Triton kernel's row counts the work done."]
+    mfu = (rows.get("rope") or {}).get("mfu")
     if mfu is not None and mfu < HOST_BOUND_MFU:
         lines += ["", f"RoPE's step ran at {100 * mfu:.1f} % of the GPU's dense bf16 peak (MFU) at this batch: "
                   "it is probably bound by the host launching kernels, where TAPE's ratio counts its extra "
