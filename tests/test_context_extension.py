@@ -226,6 +226,7 @@ def test_presets_compose_cpu_is_the_default_and_validates(tmp_path):
     # bf16 autocast with fp32 trainables; the official TAPE (row-sum post map frozen at zero)
     # and the corrected one (mixing post map, trained) side by side
     assert (paper.trainer.precision, paper.model.frozen_dtype) == ("bf16-mixed", "bfloat16")
+    assert paper.eval.dtype == "float16"  # the paper evaluated in fp16 (tape-spec D.3)
     validate_precision = compose_config("config", ["experiment=context_extension/paper", "trainer=fsdp"])
     with pytest.raises(PipelineConfigError, match="trainer=fsdp shards units of one dtype"):
         validate(validate_precision)
