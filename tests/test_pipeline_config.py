@@ -100,6 +100,7 @@ def test_fig2_preset_trains_on_40_digits_and_tests_an_80_grid() -> None:
 def test_scrolls_paper_uses_gradient_checkpointing() -> None:
     cfg = compose_config("config", ["experiment=scrolls/paper", "pe=tape"])
     assert model_config(cfg).gradient_checkpointing is True
+    assert cfg.task.answer_prefix == ""  # Llama's tokenizer: the answer's own '▁', as the official rows
     assert model_config(compose_config("config", ["experiment=scrolls/cpu"])).gradient_checkpointing is False
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tape.data.scrolls import (
     IGNORE_INDEX, PAPER_LENGTHS, SUMMARY_PREFIX, SUMMARY_SUFFIX, TASKS, Lengths, ScrollsDataError,
     ScrollsExample, answer_ids, collate, cut_words, get_task, group_references, keep_ends,
-    load_scrolls, prompt_ids, references, training_row,
+    load_scrolls, prompt_ids, references, suffix_tokens, training_row,
 )
 from tape.metrics.scrolls import score_predictions
 
@@ -290,3 +290,39 @@ def test_rows_without_the_scrolls_fields_are_refused(tmp_path: Path) -> None:
         load_scrolls("qasper", tmp_path, splits=("validation",), cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="unknown SCROLLS split"):
         load_scrolls("qasper", tmp_path, splits=("dev",))
+
+
+def _llama_like_tokenizer():
+    """A SentencePiece-style BPE as Hugging Face's Llama-2 tokenizer normalises: '▁' prepended
+    to the text and spaces turned into '▁', so a text encoded alone starts a word."""
+    tokenizers = pytest.importorskip("tokenizers")
+    pieces = ["▁Please", "▁summar", "ize", "▁this", "▁report", "▁.", "▁Con", "text"]
+    vocab = {"<unk>": 0}
+    for ch in sorted(set("".join(pieces) + "\n:")):
+        vocab.setdefault(ch, len(vocab))
+    merges = []
+    for piece in pieces:
+        cur = piece[0]
+        for ch in piece[1:]:
+            merges.append((cur, ch))
+            cur += ch
+            vocab.setdefault(cur, len(vocab))
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges, unk_token="<unk>"))
+    tok.normalizer = tokenizers.normalizers.Sequence([tokenizers.normalizers.Prepend("▁"),
+                                                      tokenizers.normalizers.Replace(" ", "▁")])
+    return lambda text: tok.encode(text).ids
+
+
+def test_the_summary_instruction_is_counted_as_it_ends_a_prompt() -> None:
+    """Encoded alone, Llama's tokenizer gives the instruction a lone '▁' (8 tokens); at the end of
+    a prompt it is 7, and 7184 + 8 + 1000 + 1 would not fit the paper's 8192."""
+    encode = _llama_like_tokenizer()
+    assert len(encode(SUMMARY_SUFFIX)) == 8  # the lone '▁' before the newline
+    prompt = encode("Context" + SUMMARY_SUFFIX)
+    assert suffix_tokens(encode) == 7 and prompt[-7:] == encode("." + SUMMARY_SUFFIX)[-7:]
+    assert Lengths(summary_tail=suffix_tokens(encode)).summary_tail == 7  # the paper's lengths fit
+    with pytest.raises(ValueError, match="seq_len=8192 is shorter"):
+        Lengths(summary_tail=len(encode(SUMMARY_SUFFIX)))
+    # why scrolls/paper (Llama's tokenizer) joins prompt and answer with "": a space adds a lone '▁'
+    assert encode("Please") == answer_ids("qasper", "Please", encode, 99, answer_prefix="")[:-1]
+    assert len(answer_ids("qasper", "Please", encode, 99, answer_prefix=" ")) == 3

@@ -28,8 +28,8 @@ from pipelines.result_files import Row, read_jsonl_rows
 from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
 from tape.data.scrolls import (
-    SUMMARY_SUFFIX, TASKS, Lengths, ScrollsDataError, get_task, group_references, load_scrolls,
-    prompt_ids, training_row,
+    TASKS, Lengths, ScrollsDataError, get_task, group_references, load_scrolls, prompt_ids,
+    suffix_tokens, training_row,
 )
 from tape.lightning import FineTuneDataModule
 from tape.metrics.scrolls import SCORE_KEY, compute_scores, score_file
@@ -129,7 +129,7 @@ def lengths_for(t: DictConfig, tok: TokenizerView) -> Lengths:
     """task.lengths, with summary_tail null = the instruction's length under this tokenizer."""
     values = OmegaConf.to_container(t.lengths, resolve=True)
     if values.get("summary_tail") is None:
-        values["summary_tail"] = len(tok.encode(SUMMARY_SUFFIX))
+        values["summary_tail"] = suffix_tokens(tok.encode)
     try:
         return Lengths(**values)
     except ValueError as err:

@@ -69,6 +69,12 @@ SUMMARY_PREFIX = "Context:\n"
 SUMMARY_SUFFIX = "\n Please summarize this report:"
 
 
+def suffix_tokens(encode: Callable[[str], list[int]]) -> int:
+    """Tokens of SUMMARY_SUFFIX where it ends a prompt (Llama-2: 7). Counted after a character:
+    encoded alone, a SentencePiece tokenizer puts a lone '▁' before its newline (8)."""
+    return len(encode("." + SUMMARY_SUFFIX)) - len(encode("."))
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """How the paper decoded a task: greedy for QA/NLI, seeded sampling for summaries."""
