@@ -204,6 +204,17 @@ def test_scrolls_table1_not_run_cells_and_labelled_paper_rows(rendered: tuple[Pa
             if c not in ("PE", "seeds") and not c.endswith((" std", " n"))} == {"not run: data unavailable"}
     assert float(rows["TAPE (paper)"]["QuAL EM"]) == 11.60  # tape-spec E.2, in a row labelled paper
     assert float(rows["RoPE (paper)"]["GovR Rgm"]) == 9.71
+    assert "NoPE" not in (out / "tables/scrolls_cpu.tex").read_text()  # no NoPE row, so no note on one
+
+
+def test_a_nope_scrolls_run_brings_the_repo_history_row_and_its_note(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    make_run(runs, "scrolls/cpu/qasper", "nope", 0, "20261122-230000-dddddd",
+             {"task": "scrolls", "scrolls_task": "qasper", "scale": "cpu", "f1": 3.0, "scrolls_score": 3.0},
+             {"task": {"name": "scrolls", "dataset": "qasper"}, "scale": "cpu"})
+    render(runs, tmp_path / "results")
+    assert "NoPE (repo history)" in read_csv(tmp_path / "results/tables/scrolls_cpu.csv")
+    assert "the NoPE row marked (repo history)" in (tmp_path / "results/tables/scrolls_cpu.tex").read_text()
 
 
 @pytest.mark.parametrize("metrics, task, expected", [

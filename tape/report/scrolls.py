@@ -100,8 +100,8 @@ def build(ctx: Context, scale: str) -> Section:
         columns=["PE", "seeds", *(header(t) for t in SCROLLS_ORDER)],
         rows=rows,
         notes=["Rows marked (paper) are **the paper's** Table 1 (155M models pretrained on C4 at "
-               "1,024 tokens, fine-tuned per task); the NoPE row marked (repo history) is from the "
-               "authors' repository history and is not in the paper (QA tasks only).",
+               "1,024 tokens, fine-tuned per task)" + ("; the NoPE row marked (repo history) is from the "
+               "authors' repository history and is not in the paper (QA tasks only)." if "nope" in pes else "."),
                f"\"{NOT_RUN}\": SCROLLS needs the tau/scrolls data from the hub or local copies, and "
                "nothing runs offline; no number is filled in.",
                "Ours: mean ± sample std over seeds; F1/EM/ROUGE geometric mean in %.",
