@@ -76,6 +76,31 @@ def test_bf16_forward(pe):
 
 
 @pytest.mark.parametrize("pe", ALL_PES)
+def test_attention_biases_stay_float32_under_autocast(pe):
+    """LayerPE.attn_bias promises float32: under bf16 autocast FIRE's MLP ran in bf16 (173
+    distinct bias values over 4,096 keys instead of 4,096)."""
+    cfg = tiny_config(pe)
+    encoding = tape.pe.build(cfg)
+    layer = encoding.make_layer(0)
+    layer.init_weights(cfg.init_std)
+    pos = torch.arange(24).expand(2, 24)
+    state = encoding.make_state(pos, pos, torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        state = layer.before_attention(state, torch.randn(2, 24, cfg.d_model), None, 0)  # FoX's gates
+        bias = layer.attn_bias(state)
+    assert bias is None or bias.dtype == torch.float32
+
+
+def test_fire_bias_is_finite_when_c_reaches_zero():
+    encoding = tape.pe.build(tiny_config("fire"))
+    layer = encoding.make_layer(0)
+    with torch.no_grad():
+        layer.c.zero_()
+    pos = torch.arange(8).expand(1, 8)
+    assert torch.isfinite(layer.attn_bias(encoding.make_state(pos, pos, torch.float32))).all()
+
+
+@pytest.mark.parametrize("pe", ALL_PES)
 def test_left_padding_parity(pe):
     """Each sequence of a left-padded batch gives the logits and generations of its own run."""
     model = tiny_model(pe, dtype=torch.float64, n_kv_heads=2)

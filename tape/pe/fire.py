@@ -15,7 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tape.pe import register
-from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionState
+from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionState, without_autocast
+
+NORM_EPS = 1e-6  # the normaliser psi(max(i, L)) is 0 only when c = 0: the bias stays finite there
 
 
 @dataclass
@@ -37,14 +39,16 @@ class FIRELayer(LayerPE):
         return torch.log(torch.abs(self.c.float() * x) + 1.0)
 
     def attn_bias(self, state: PositionState) -> Tensor:
-        qp = state.query_pos.float()  # (B, N)
-        rel = (qp[:, :, None] - state.key_pos.float()[:, None, :]).clamp(min=0)  # (B, N, T)
-        L = torch.abs(self.L_mult.float() * self.init_L)
-        norm = self._psi(torch.maximum(qp, L))[:, :, None]  # (B, N, 1)
-        x = (self._psi(rel) / norm)[..., None]  # (B, N, T, 1)
-        lin1, lin2 = self.mlp[0], self.mlp[2]  # evaluated in float32 whatever the model dtype
-        h = F.relu(F.linear(x, lin1.weight.float(), lin1.bias.float()))  # (B, N, T, width)
-        return F.linear(h, lin2.weight.float(), lin2.bias.float()).permute(0, 3, 1, 2)  # (B, H, N, T)
+        """The float32 bias, also under autocast (B, H, N, T)."""
+        with without_autocast(state.query_pos.device):
+            qp = state.query_pos.float()  # (B, N)
+            rel = (qp[:, :, None] - state.key_pos.float()[:, None, :]).clamp(min=0)  # (B, N, T)
+            L = torch.abs(self.L_mult.float() * self.init_L)
+            norm = self._psi(torch.maximum(qp, L))[:, :, None].clamp_min(NORM_EPS)  # (B, N, 1); 0 only at c = 0
+            x = (self._psi(rel) / norm)[..., None]  # (B, N, T, 1)
+            lin1, lin2 = self.mlp[0], self.mlp[2]
+            h = F.relu(F.linear(x, lin1.weight.float(), lin1.bias.float()))  # (B, N, T, width)
+            return F.linear(h, lin2.weight.float(), lin2.bias.float()).permute(0, 3, 1, 2)  # (B, H, N, T)
 
     def init_weights(self, std: float) -> None:
         with torch.no_grad():
