@@ -103,6 +103,18 @@ def test_fp32_launches_take_configs_that_spill_nowhere_in_their_loops(key):
         assert SPILL_FREE[key].block_m == SPILL_FREE[key].block_n
 
 
+@pytest.mark.parametrize("tile", [16, 32, 64, 128])
+@pytest.mark.parametrize("kernel", ["_fwd", "_bwd_dkdvde", "_bwd_dq"])
+def test_every_fp32_launch_the_dispatcher_allows_spills_nowhere_in_its_loops(kernel, tile):
+    """auto routes fp32 up to head dim 128 to the kernel; at 16 and 32 the backward launched at
+    the default block 64 and spilled up to 11 KB a thread inside its loops."""
+    if config(kernel, aot.torch.float32, tile) is not None:
+        return  # an entry of SPILL_FREE: compiled in the test above
+    block = aot.ta.default_block("cuda", aot.torch.float32, tile)
+    compiled = aot.compile_kernel(kernel, "float32", tile, LaunchConfig(block, block))
+    assert compiled.fits and compiled.loop_spills == 0, f"{compiled.loop_spills} spills at the default block {block}"
+
+
 def test_compiled_fp32_runs_one_masked_loop_and_the_interpreter_both():
     """The unmasked loop doubled fp32's compiled code for no gain: ``splits`` is off for
     compiled fp32 and on elsewhere (the interpreter always splits, so CPU tests cover both)."""

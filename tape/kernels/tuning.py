@@ -71,6 +71,10 @@ dim 128 spilled inside its loop at the default warps 4, stages 3, and not at bf1
 
 
 SPILL_FREE: dict[tuple[str, str, int], LaunchConfig] = {
+    ("_bwd_dkdvde", "float32", 16): LaunchConfig(32, 32, 8, 2),
+    ("_bwd_dq", "float32", 16): LaunchConfig(32, 32, 4, 3),
+    ("_bwd_dkdvde", "float32", 32): LaunchConfig(32, 32, 8, 2),
+    ("_bwd_dq", "float32", 32): LaunchConfig(32, 32, 4, 3),
     ("_fwd", "float32", 64): LaunchConfig(32, 32, 4, 3),
     ("_bwd_dkdvde", "float32", 64): LaunchConfig(32, 32, 8, 2),
     ("_bwd_dq", "float32", 64): LaunchConfig(32, 32, 4, 3),
@@ -80,8 +84,10 @@ SPILL_FREE: dict[tuple[str, str, int], LaunchConfig] = {
 }
 """fp32 (ieee products on FMA units) without a measurement: configurations that compile for sm_90
 without a spill inside any loop under triton 3.6 and 3.9 (``make kernel-report``), where the
-defaults spilled 0.4-20 KB a thread (head dim 64 at BLOCK 64: 8-20 KB). Chosen from compiled
-structure, not timed; a ``TUNED`` entry, measured on a GPU, takes precedence."""
+defaults spilled 0.4-20 KB a thread (head dim 64 at BLOCK 64: 8-20 KB; the backward at head dims
+16 and 32: up to 11 KB). The forward at 16 and 32 spills nowhere at the default block and has no
+entry. Chosen from compiled structure, not timed; a ``TUNED`` entry, measured on a GPU, takes
+precedence."""
 
 
 def config(kernel: str, dtype: torch.dtype, head_dim_tile: int) -> LaunchConfig | None:
