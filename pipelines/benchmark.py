@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,15 @@ def command_line(overrides: list[str]) -> str:
 
 
 def write_outputs(result: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    """efficiency.json (everything) and efficiency.md (the tables and notes)."""
+    """efficiency.json (everything) and efficiency.md (the tables and notes); an earlier pair
+    there is kept, renamed efficiency-<its time>.{json,md}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js = out_dir / "efficiency.md", out_dir / "efficiency.json"
+    if js.is_file():
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(js.stat().st_mtime))
+        for old in (js, md):
+            if old.is_file():
+                old.rename(old.with_name(f"{old.stem}-{stamp}{old.suffix}"))
     js.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
     md.write_text(render_markdown(result, default_notes(result)))
     return md, js

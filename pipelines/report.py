@@ -5,9 +5,11 @@
 ``--runs`` (not smoke or ad-hoc ones) as records under <out>/records/ (tape/report/records.py),
 never overwriting one.
 
-Refuses (exit 1, writing nothing) when a rendered scale has no finished run, or when a number
-in the output's runs.csv has no finished run behind it any more (a fresh clone has no runs/):
-the committed results are never replaced by "not run" unless --render-empty asks for it.
+Refuses (exit 1, writing nothing) when a rendered scale has no finished run, when a number in
+the output's runs.csv has no finished run behind it any more (a fresh clone has no runs/, or a
+render of another scale), or when a run it shows has no run of the same command and seed under
+--runs (a subset of the seeds): the committed results are never replaced by "not run" or by
+fewer seeds unless --render-empty asks for it. --add-records refuses --runs that overlap the records.
 --carry-over loses nothing instead: a section none of whose runs is under --runs (say addition,
 run on another machine), or whose runs here lack a PE that runs.csv had numbers for, is copied
 unchanged from the previous README, with a note that says why; its tables and figures are left
@@ -54,7 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     records = args.out / "records"
     args.runs = args.runs or records
-    if args.add_records and args.runs.resolve() != records.resolve():
+    runs_at, records_at = args.runs.resolve(), records.resolve()
+    if args.add_records and runs_at != records_at and (runs_at.is_relative_to(records_at)
+                                                        or records_at.is_relative_to(runs_at)):
+        print(f"pipelines.report: --runs {args.runs} and {records} overlap, so --add-records would copy "
+              f"records into themselves: point --runs at the run directories (e.g. runs/)", file=sys.stderr)
+        return 1
+    if args.add_records and runs_at != records_at:
         try:
             added = export_all(args.runs, records)
         except RecordConflict as err:

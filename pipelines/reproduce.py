@@ -414,8 +414,12 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
     if not args.no_report and not args.dry_run and not profile.print_only:
         scale = profile.scale
-        if publish_benchmark(args.runs, scale, args.out):
+        ran = any(o.step.done_file is not None and o.ran for o in outcomes)  # this call ran the benchmark
+        if ran and publish_benchmark(args.runs, scale, args.out):
             print(f"benchmark: {bench_dir(args.runs, scale)}/efficiency.{{md,json}} copied to {args.out}/")
+        elif (bench_dir(args.runs, scale) / "efficiency.json").is_file():
+            print(f"benchmark: {bench_dir(args.runs, scale)}/efficiency.json was not run by this call: "
+                  f"{args.out}/efficiency.* kept")
         try:
             # from the records (the runs of this call and every committed one); sections with no
             # record yet are carried over from the previous render, never lost

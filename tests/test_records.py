@@ -182,3 +182,17 @@ def test_a_fresh_clone_renders_results_byte_for_byte() -> None:
         changed = subprocess.run(["git", "status", "--porcelain", "results"], cwd=clone,
                                  capture_output=True, text=True, check=True).stdout
         assert changed == "", f"a fresh clone renders results/ differently:\n{changed}"
+
+
+@pytest.mark.parametrize("runs_arg", ["results", "results/records/flipflop"])
+def test_add_records_refuses_runs_that_overlap_the_records(tmp_path: Path, runs_arg: str, capsys) -> None:
+    """--runs results --add-records copied every record into results/records/records/ (each then
+    'superseded' by its copy, every count doubled)."""
+    runs = build_runs(tmp_path)
+    out = tmp_path / "results"
+    assert report_main(["--runs", str(runs), "--out", str(out), "--add-records"]) == 0
+    (out / "records" / "flipflop").mkdir(exist_ok=True)
+    before = sorted(p for p in (out / "records").rglob("*"))
+    assert report_main(["--runs", str(tmp_path / runs_arg), "--out", str(out), "--add-records"]) == 1
+    assert "overlap, so --add-records would copy records into themselves" in capsys.readouterr().err
+    assert sorted(p for p in (out / "records").rglob("*")) == before

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import re
 import sys
 from pathlib import Path
@@ -621,6 +622,30 @@ def test_rendering_only_smoke_runs_names_the_scale_to_render(tmp_path: Path, cap
     assert report_main(["--runs", str(runs), "--out", str(tmp_path / "report")]) == 1
     err = capsys.readouterr().err
     assert "no finished run at scale cpu" in err
-    assert 'its finished runs are at scale smoke: render only those with --scale smoke' in err
+    assert (f'its finished runs are at scale smoke: render only those into another folder, make report '
+            f'RUNS={runs} OUT=runs/report REPORT_ARGS="--scale smoke"') in err
     assert not (tmp_path / "report").exists()
     assert report_main(["--runs", str(runs), "--out", str(tmp_path / "report"), "--scale", "smoke"]) == 0
+
+
+def test_a_render_that_would_drop_a_scale_or_some_seeds_is_refused(tmp_path: Path) -> None:
+    """Following the hint above into results/ (OUT left at its default) dropped every cpu section;
+    a subset of the seeds redid every statistic from fewer pairs. Both are refused; a rerun of a
+    committed seed (same command) replaces it, as test_render_carry shows."""
+    full = tmp_path / "records"
+    for seed in (0, 1):
+        make_run(full, "pretrain/cpu", "rope", seed, f"20261123-10000{seed}-aaaaaa-{seed}",
+                 {"task": "pretrain", "ppl_1x": 50.0 + seed}, {"task": {"name": "pretrain", "seq_len": 128}})
+    out = tmp_path / "results"
+    render(full, out)
+    before = _snapshot(out)
+    smoke = tmp_path / "smoke"
+    make_run(smoke, "addition/smoke", "tape", 0, "20261123-110000-bbbbbb-0",
+             {"task": "addition", "mean_accuracy": 50.0}, {"task": {"name": "addition"}})
+    with pytest.raises(WouldLoseResults, match="pretrain/cpu rope"):
+        render(smoke, out, ["smoke"])
+    subset = tmp_path / "subset"
+    shutil.copytree(full / "pretrain/cpu/rope/0", subset / "pretrain/cpu/rope/0")
+    with pytest.raises(WouldLoseResults, match=r"1 run\(s\) whose numbers .* \(pretrain/cpu rope seed 1\)"):
+        render(subset, out, carry_over=True)
+    assert _snapshot(out) == before

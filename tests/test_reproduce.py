@@ -167,6 +167,36 @@ def test_main_cpu_renders_the_report_after_running(tmp_path: Path) -> None:
     assert (out / "efficiency.md").read_text() == "# Efficiency (fake run)\n"  # published from runs/
 
 
+def test_a_benchmark_this_call_did_not_run_never_replaces_the_committed_one(tmp_path: Path, capsys) -> None:
+    """A quick hand-run benchmark in runs/benchmark/cpu was copied over results/efficiency.* by
+    any later reproduction (make reproduce-table CLAIMS=C2 ran no benchmark)."""
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    quick = runs / "benchmark" / "cpu"
+    quick.mkdir(parents=True)
+    (quick / "efficiency.json").write_text('{"command": "quick"}')
+    (quick / "efficiency.md").write_text("# quick\n")
+    out.mkdir()
+    (out / "efficiency.md").write_text("# committed\n")
+    reproduce.main(["--profile", "tables", "--runs", str(runs), "--out", str(out), "--scrolls-data",
+                    str(tmp_path / "x"), "--steps", "addition"], runner=FakeRunner(runs, out))
+    assert (out / "efficiency.md").read_text() == "# committed\n"
+    assert "was not run by this call: " in capsys.readouterr().out
+
+
+def test_a_second_benchmark_keeps_the_first_ones_files(tmp_path: Path, monkeypatch) -> None:
+    import pipelines.benchmark as benchmark
+
+    monkeypatch.setattr(benchmark, "render_markdown", lambda result, notes: f"{result}\n")
+    monkeypatch.setattr(benchmark, "default_notes", lambda result: [])
+    benchmark.write_outputs({"first": 1}, tmp_path)
+    first = (tmp_path / "efficiency.json").read_text()
+    benchmark.write_outputs({"second": 2}, tmp_path)
+    kept = sorted(p.name for p in tmp_path.glob("efficiency-*"))
+    assert len(kept) == 2 and kept[0].endswith(".json") and kept[1].endswith(".md")
+    assert (tmp_path / kept[0]).read_text() == first and '"second"' in (tmp_path / "efficiency.json").read_text()
+    assert (tmp_path / kept[1]).read_text() == "{'first': 1}\n"
+
+
 def test_a_checkouts_committed_benchmark_does_not_count_as_run_here(tmp_path: Path) -> None:
     out = tmp_path / "results"
     out.mkdir()

@@ -167,15 +167,17 @@ def to_carry(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_dir
 
 def would_lose(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_dir: Path,
                carried: Sequence[Carried] = ()) -> list[str]:
-    """Why rendering now would replace numbers with "not run" (empty: safe): a scale with no
-    finished run under ``runs_dir`` (nor a ``carried`` section), or an (experiment, PE) that
-    ``out_dir``/runs.csv used, that has no finished run now (e.g. a fresh clone, where runs/ is
-    not committed) and whose section is not carried over."""
+    """Why rendering now would replace or drop numbers (empty: safe): a scale with no finished
+    run under ``runs_dir`` (nor a ``carried`` section); an (experiment, PE) that ``out_dir``/runs.csv
+    used, at any scale, that has no finished run now (e.g. a fresh clone, where runs/ is not
+    committed) and whose section is not carried over; or a run whose number ``out_dir`` shows
+    with no run of the same command and seed under ``runs_dir`` (a rerun replaces it; a subset of
+    the seeds would redo the statistics)."""
     where = runs_dir.resolve()
     found = sorted({r.scale for r in runs if r.finished})
     only = " ".join(f"--scale {f}" for f in found)
-    elsewhere = (f" (its finished runs are at scale {', '.join(found)}: render only those with {only}, "
-                 f"make report ... REPORT_ARGS=\"{only}\")") if found else ""
+    elsewhere = (f" (its finished runs are at scale {', '.join(found)}: render only those into another "
+                 f"folder, make report RUNS={runs_dir} OUT=runs/report REPORT_ARGS=\"{only}\")") if found else ""
     problems = [f"no finished run at scale {scale} under {where}{elsewhere}" for scale in scales
                 if not any(r.finished and r.scale == scale for r in runs)
                 and not any(c.scale == scale for c in carried)]
@@ -183,11 +185,20 @@ def would_lose(runs: Sequence[Run], out_dir: Path, scales: Sequence[str], runs_d
     committed = [row for row in _read_runs_csv(out_dir) if row.get("used", "").startswith(USED)
                  and not any(c.owns(row["experiment"]) for c in carried)]  # carried: kept
     lost = sorted({(row["experiment"], row["pe"]) for row in committed
-                   if row.get("scale") in scales and (row["experiment"], row["pe"]) not in have})
+                   if (row["experiment"], row["pe"]) not in have})
     if lost:
         problems.append(f"{out_dir / 'runs.csv'} has numbers for {len(lost)} experiment/PE pair(s) "
                         f"with no finished run under {where}: "
                         + ", ".join(f"{e} {pe}" for e, pe in lost[:6]) + (f" (+{len(lost) - 6} more)" if len(lost) > 6 else ""))
+    rerun = {(r.experiment, r.pe, str(r.seed), r.command) for r in runs if r.finished}  # a rerun replaces
+    missing = [row for row in committed if (row["experiment"], row["pe"]) in have
+               and (row["experiment"], row["pe"], row.get("seed", ""), row.get("command", "")) not in rerun]
+    if missing:
+        shown = ", ".join(f"{r['experiment']} {r['pe']} seed {r['seed']}" for r in missing[:4])
+        problems.append(f"{len(missing)} run(s) whose numbers {out_dir} shows have no run of the same command "
+                        f"and seed under {where} ({shown}" + (f", +{len(missing) - 4} more" if len(missing) > 4 else "")
+                        + "): rendering a subset of the seeds would redo the statistics; to add new runs, "
+                        "export them beside the others with --add-records")
     return problems
 
 
