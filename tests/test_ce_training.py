@@ -158,7 +158,7 @@ def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
             assert {b.dtype for b in wrapped.buffers() if b.is_floating_point()} <= {torch.float32}
             if model is hf:  # HF Llama's rotary frequencies: bf16 would put radians of error at 8k
                 assert any("inv_freq" in n for n, _ in wrapped.named_buffers())
-            clip_under(strategy, wrapped, opt, 1e-3)
+            clip_under(strategy, wrapped, opt, 1e-3, HFCausalLMModule if model is hf else None)
             opt.step()
             assert all(not torch.equal(b, p.detach()) for b, p in zip(before, params) if p.grad is not None)
             assert sum(p.grad is not None for p in params) > 0.9 * len(params)
@@ -169,19 +169,22 @@ def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
         dist.destroy_process_group()
 
 
-def clip_under(strategy, wrapped, optimizer, value: float) -> None:
+def clip_under(strategy, wrapped, optimizer, value: float, module_class=None) -> None:
     """Norm clipping as Lightning asks a module for it under trainer=fsdp (the FSDP precision
-    plugin, which refuses norm clipping, in place): FSDP's root module clips over every shard."""
+    plugin, which refuses norm clipping, in place): FSDP's root module clips over every shard.
+    ``module_class``: the Lightning module that trains this model (default CausalLMModule)."""
     from types import SimpleNamespace
 
     from lightning.pytorch.plugins.precision import FSDPPrecision
 
     from tape.lightning import CausalLMModule
 
+    module_class = module_class or CausalLMModule
     strategy.model = wrapped
-    module = CausalLMModule.__new__(CausalLMModule)
+    module = module_class.__new__(module_class)
     L.LightningModule.__init__(module)
-    module._trainer = SimpleNamespace(strategy=strategy, precision_plugin=FSDPPrecision("bf16-mixed"))
+    module._trainer = SimpleNamespace(strategy=strategy, precision_plugin=FSDPPrecision("bf16-mixed"),
+                                      gradient_clip_val=None, gradient_clip_algorithm=None)
     module.configure_gradient_clipping(optimizer, gradient_clip_val=value, gradient_clip_algorithm="norm")
     grads = [p.grad for p in wrapped.parameters() if p.grad is not None]
     assert torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) <= value * 1.0001

@@ -109,3 +109,40 @@ def test_compiled_training_steps_match_eager_and_validation_stays_eager(monkeypa
     assert set(fast.state_dict()) == set(eager.state_dict())  # no compiled wrapper in checkpoints
     fast.eval()
     assert fast._model_for_step() is fast.model  # validation and evaluation run eagerly
+
+
+def test_the_loss_asks_nothing_that_would_wait_for_the_gpu() -> None:
+    """Issue 21.7: ``logits[mask]`` made every step wait for the GPU to count the mask. Ops whose
+    output shape or value must come back to the host, recorded on CPU at the dispatcher."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Syncs(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.found: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+            name = func.overloadpacket.__name__
+            flat = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
+            if name in ("nonzero", "masked_select", "_local_scalar_dense", "is_nonzero") or (
+                    name in ("index", "index_put", "index_put_")
+                    and any(isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in flat[1:])):
+                self.found.append(name)
+            return func(*args, **(kwargs or {}))
+
+    logits = torch.randn(2, 5, 7, requires_grad=True)
+    targets = torch.randint(0, 7, (2, 5))
+    targets[0, :2] = IGNORE_INDEX
+    with Syncs() as syncs:
+        CausalLMModule._loss(logits, targets).backward()
+    assert syncs.found == []
+
+
+def test_training_batches_are_pinned_on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tape.data.addition import AdditionStream
+    from tape.lightning.datamodule import loader
+
+    stream = AdditionStream(seed=0, max_digits=3, batch_size=2)
+    assert not loader(stream).pin_memory  # no GPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert loader(stream).pin_memory

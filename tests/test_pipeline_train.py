@@ -252,6 +252,30 @@ def test_the_summary_shows_each_tasks_headline_metrics() -> None:
     assert headline(flipflop) == {"read_error_1x": 0.1, "read_error_2x": 4.5, "read_error_ood": 7.6}
 
 
+def test_evaluation_runs_at_the_precision_asked_for(make_cfg, monkeypatch) -> None:
+    """Issue 21.4: every post-training evaluation ran in fp32, whatever the run trained with; and
+    pipelines.evaluate follows its own precision=."""
+    from pipelines import tasks
+
+    task = tasks.get("addition")
+    seen = []
+    real = task.evaluate
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.float32)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(task, "evaluate", recording)
+    cfg = make_cfg("pe=rope", "trainer.precision=bf16-mixed")
+    train(cfg)
+    cfg32 = compose_config("evaluate", [f"run_dir={cfg.paths.output_dir}", "precision=32-true",
+                                        "task.examples_per_cell=1", "logger=none"])
+    with open_dict(cfg32):
+        cfg32.paths.output_dir = str(Path(cfg.paths.output_dir) / "eval" / "fp32")
+    evaluate(cfg32)
+    assert seen == [torch.bfloat16, torch.float32]
+
+
 def test_an_evaluations_summary_names_the_run_it_read() -> None:
     from pipelines.summaries import run_summary
 
