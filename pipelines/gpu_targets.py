@@ -53,7 +53,7 @@ def targets_md(efficiency: dict) -> list[str]:
             f"| {_verdict(memory, STEP_MEMORY_TARGET)} | {'-' if forward is None else f'{forward:.2f}'} "
             f"| {row.get('flops', float('nan')):.3f} |")
     rows = efficiency["train_step"].get("rows", {})
-    rope, fused, kernel = ((rows.get(f"{name}") or {}).get("flops") for name in ("rope", "tape_fused", "tape_triton"))
+    rope, fused, kernel = ((rows.get(name) or {}).get("flops") for name in ("rope", "tape_fused", "tape_triton"))
     if rope and fused and kernel and fused != kernel:
         lines += ["", f"FLOPs / RoPE of tape_fused=true ({fused / rope:.3f}) differ from the Triton kernel's "
                   f"({kernel / rope:.3f}), though `auto` ran that kernel: this window's code counted "

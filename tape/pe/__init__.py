@@ -140,6 +140,7 @@ def _allowed(hint: Any) -> list[Any]:
 
 
 def _is(value: Any, kind: Any) -> bool:
+    """Whether ``value`` is of type ``kind`` (bool is no number) or equals literal ``kind``."""
     if not isinstance(kind, type):  # a literal value
         return type(value) is type(kind) and value == kind
     if kind is type(None):
