@@ -40,8 +40,6 @@ from tape.pe.rope import rope_table, rotate_grouped
 if TYPE_CHECKING:
     from tape.model.config import ModelConfig
 
-FUSE_CHOICES = (True, False, None, "two_calls", "concat", "padded")
-
 
 @dataclass
 class TAPEOptions(RotaryOptions):
@@ -70,16 +68,7 @@ class TAPEOptions(RotaryOptions):
         return self.tape_position_size or 4 * cfg.n_heads
 
     def problems(self, cfg: ModelConfig) -> list[str]:
-        problems = super().problems(cfg)
-        if self.tape_post_attn not in ("mix", "rowsum"):
-            problems.append(f"tape_post_attn={self.tape_post_attn!r}; choose 'mix' or 'rowsum'")
-        if self.tape_zero_init not in ("w1", "w2"):
-            problems.append(f"tape_zero_init={self.tape_zero_init!r}; choose 'w1' or 'w2'")
-        if self.tape_fused not in FUSE_CHOICES:
-            problems.append(
-                f"tape_fused={self.tape_fused!r}; choose true, false, null (auto), 'two_calls', "
-                "'concat' or 'padded'"
-            )
+        problems = super().problems(cfg)  # the choices of the Literal options: tape.pe checks types
         if self.tape_position_size is not None and self.tape_position_size <= 0:
             problems.append(f"tape_position_size={self.tape_position_size} must be positive")
         return problems

@@ -308,7 +308,10 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
         used += [r for rs in control_runs[name].values() for r in rs]
     tested = 1 + len(claim.secondary)
     pairs = list(enumerate((claim.primary, *claim.secondary, *claim.describe)))
-    out = {name: invalid[name] | set(failed[name]) | set(missing[name]) for name in claim.arm_names}
+    left_out = {name: {**{s: "a control not run" for s in missing[name]},  # per arm: {seed: why}
+                       **{s: "a control failed" for s in failed[name]},
+                       **{s: "invalid" for s in invalid[name]}} for name in claim.arm_names}
+    out = {name: set(seeds) for name, seeds in left_out.items()}
     comparisons = [compare(_without(values[t], out[t] | out[b]), _without(values[b], out[t] | out[b]),
                            metric, (t, b), primary=i == 0, tested=i < tested)
                    for i, (t, b) in pairs]
@@ -328,9 +331,6 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
         decided = [replace(c, verdict=DESCRIBED, reason=f"exploratory, p = {c.p_adjusted:.3g}: the reading was "
                            "chosen after seeing earlier runs; a claim on fresh seeds confirms it or not")
                    if c.n >= MIN_VERDICT_PAIRS else c for c in decided]
-    left_out = {name: {**{s: "a control not run" for s in missing[name]},
-                       **{s: "a control failed" for s in failed[name]},
-                       **{s: "invalid" for s in invalid[name]}} for name in claim.arm_names}
     return ClaimResult(claim, decided, values, used, unpaired, arm_runs, dropped, control_failed, control_missing,
                        control_runs, left_out)
 
@@ -482,9 +482,7 @@ def _arm_runs(result: ClaimResult, arm: str) -> list[Run]:
 def _seeds_cell(result: ClaimResult, arm: str, runs: list[Run]) -> str:
     """The seeds an arm's row averages, then the ones it left out and why."""
     cell = ", ".join(str(r.seed) for r in runs) or "none"
-    left_out = result.left_out.get(arm, {})
-    shown = {r.seed for r in result.arm_runs.get(arm, [])}
-    named = [f"{seed} {why}" for seed, why in sorted(left_out.items()) if seed in shown]
+    named = [f"{seed} {why}" for seed, why in sorted(result.left_out.get(arm, {}).items())]
     return cell + (f" (left out: {', '.join(named)})" if named else "")
 
 
