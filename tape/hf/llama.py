@@ -159,8 +159,10 @@ class TapeLlamaModel(LlamaModel):
             KVCache(cfg.n_layers) if use_cache else None
         )
         position_ids, key_pos, mask = prepare_positions(ids_like, position_ids, attention_mask, cache)
-        # (B, N, d), duplicated halves; asked for in float32 since E stays float32 at every layer
-        cos, sin = self.rotary_emb(x[..., :1].float(), position_ids=position_ids)
+        # (B, N, d), duplicated halves; asked for in float32 (float64 in a float64 model), E's
+        # dtype at every layer
+        e_dtype = torch.promote_types(x.dtype, torch.float32)
+        cos, sin = self.rotary_emb(x[..., :1].to(e_dtype), position_ids=position_ids)
         half = cos.shape[-1] // 2
         rot = torch.cat([cos[..., :half], sin[..., :half]], dim=-1)[:, None]  # (B, 1, N, d)
         rot = rot.expand(-1, cfg.kv_heads, -1, -1)  # (B, He, N, d): E at layer 0
