@@ -153,7 +153,7 @@ def test_forcing_triton_where_it_cannot_run_fails_clearly(monkeypatch):
     with pytest.raises(RuntimeError, match="attn_backend='triton' needs triton"):
         _plan(backend="triton")
     _fake(monkeypatch, triton=True)
-    with pytest.raises(RuntimeError, match="no padding mask"):
+    with pytest.raises(RuntimeError, match=r"no attention mask \(a padded batch, or several new tokens after a KV cache"):
         _plan(backend="triton", mask=causal_mask(6, None, 6, torch.device("cpu")))
     assert _plan(backend="triton", extra=False).backend == "sdpa"  # calls without E go on as auto
 
@@ -301,7 +301,7 @@ def test_backend_checks_look_nothing_up_at_call_time(monkeypatch: pytest.MonkeyP
 @pytest.mark.skipif(not attention.flex_available(), reason="needs torch >= 2.5 (FlexAttention)")
 def test_flex_backend_refuses_what_it_cannot_run_with_the_fix():
     q, k, v, e, bias = _inputs(d=16, dtype=torch.float32)
-    with pytest.raises(RuntimeError, match="attn_backend='flex' needs .* no padding mask"):
+    with pytest.raises(RuntimeError, match="attn_backend='flex' needs .* no attention mask"):
         attend(q, k, v, extra=e, bias=bias, backend="flex")
     q.requires_grad_(True)
     with pytest.raises(RuntimeError, match="no backward on CPU.*torch.no_grad"):

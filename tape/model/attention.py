@@ -226,15 +226,15 @@ def plan_attention(
         )
     if backend == "triton" and extra is not None and not _triton_ok(q, k, extra, mask, bias):
         raise RuntimeError(
-            "attn_backend='triton' needs triton installed (pip install triton), no padding mask "
-            "or attention bias (use it for unpadded TAPE batches), head dims <= 128 and at most "
-            "as many queries as keys; use attn_backend='auto' to fall back to SDPA"
+            "attn_backend='triton' needs triton installed (pip install triton), no attention mask "
+            "(a padded batch, or several new tokens after a KV cache, has one) or bias, head dims "
+            "<= 128 and at most as many queries as keys; use attn_backend='auto' to fall back to SDPA"
         )
     if backend == "flex" and extra is not None and not _flex_ok(q, k, mask, bias):
         raise RuntimeError(
             "attn_backend='flex' needs PyTorch's FlexAttention (torch >= 2.5), bf16/fp16 inputs on CUDA, "
-            "no padding mask or attention bias (use it for unpadded TAPE batches) and at most as many "
-            "queries as keys; use attn_backend='auto' to fall back to SDPA"
+            "no attention mask (a padded batch, or several new tokens after a KV cache, has one) or "
+            "bias and at most as many queries as keys; use attn_backend='auto' to fall back to SDPA"
         )
     if extra is None:  # one value tensor: the Triton kernel and the flex path are for [V | E] only
         if backend in ("sdpa", "eager"):
