@@ -6,6 +6,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import PipelineConfigError
 from pipelines.fits import check_fits
+from pipelines.precision import evaluation_precision
 
 
 def require_int(cfg: DictConfig, *keys: str) -> None:
@@ -56,6 +57,8 @@ def check_trainer(cfg: DictConfig) -> None:
     check_optim(cfg)
     check_compile(cfg)
     check_fits(cfg)
+    if cfg.get("evaluate", True):
+        evaluation_precision(cfg)
     require_int(cfg, "seed", "trainer.max_steps", "trainer.val_check_interval",
                 "trainer.accumulate_grad_batches")
     t = cfg.trainer

@@ -12,6 +12,17 @@ AUTOCAST = ("bf16-mixed", "16-mixed")
 FULL = ("32", "32-true", "64", "64-true")
 
 
+def evaluation_precision(cfg) -> str:
+    """The precision of ``pipelines.train``'s evaluation: ``eval_precision``, else the trainer's;
+    an unknown value is named before training starts (``check_trainer``)."""
+    value = cfg.get("eval_precision")
+    precision = str(cfg.trainer.precision if value is None else value)
+    if precision not in (*AUTOCAST, *FULL):
+        raise PipelineConfigError(f"eval_precision={precision}: choose null (the trainer's), 32, "
+                                  "bf16-mixed or 16-mixed")
+    return precision
+
+
 def eval_autocast(device_type: str, precision: str) -> ContextManager:
     """A context for evaluating on ``device_type`` at ``precision``: ``auto`` (bf16 autocast on
     a GPU, fp32 on a CPU), a Lightning mixed precision (bf16-mixed, 16-mixed: autocast), or

@@ -15,7 +15,7 @@ from tape.report.settings import describe, differences
 
 # Keys a resumed run may change: where outputs go and how they are logged (plus ckpt_path
 # itself). The seed is not among them: a resumed run must replay the same data order.
-RESUME_MAY_DIFFER = ("paths", "hydra", "logger", "callbacks", "ckpt_path", "evaluate",
+RESUME_MAY_DIFFER = ("paths", "hydra", "logger", "callbacks", "ckpt_path", "evaluate", "eval_precision",
                      "trainer.default_root_dir", "trainer.enable_progress_bar",
                      "trainer.enable_model_summary", "trainer.log_every_n_steps")
 

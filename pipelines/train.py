@@ -23,7 +23,7 @@ from pipelines.entry import run_entry, task_wrapper
 from pipelines.hydra_conf import instantiate_group
 from pipelines.logs import job_log_name, quiet_known_noise, start_log_file
 from pipelines.models import model_config
-from pipelines.precision import eval_autocast
+from pipelines.precision import eval_autocast, evaluation_precision
 from pipelines.preflight import check_run_dir_new
 from pipelines.result_files import write_json_once
 from pipelines.resume import resolve_ckpt_path
@@ -117,9 +117,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     }
     metrics.update({k.replace("/", "_"): float(v) for k, v in trainer.callback_metrics.items()
                     if k.startswith("val/")})
-    if cfg.evaluate:  # at the precision it trained with (bf16 autocast under bf16-mixed)
+    if cfg.evaluate:  # at eval_precision, else the precision it trained with
         model = module.model.to(trainer.strategy.root_device)
-        with eval_autocast(trainer.strategy.root_device.type, str(cfg.trainer.precision)):
+        with eval_autocast(trainer.strategy.root_device.type, evaluation_precision(cfg)):
             metrics.update(task.evaluate(model, cfg.task, run_dir, f"{cfg.pe.name} seed {cfg.seed}"))
     metrics["wall_time_s"] = time.perf_counter() - t_start
     wandb_log.log_results(trainer.loggers, run_dir, cfg, trainer.global_step)  # tables, figures

@@ -273,7 +273,15 @@ def test_evaluation_runs_at_the_precision_asked_for(make_cfg, monkeypatch) -> No
     with open_dict(cfg32):
         cfg32.paths.output_dir = str(Path(cfg.paths.output_dir) / "eval" / "fp32")
     evaluate(cfg32)
-    assert seen == [torch.bfloat16, torch.float32]
+    train(make_cfg("pe=rope", "eval_precision=16-mixed", name="fp16"))  # trained in fp32
+    assert seen == [torch.bfloat16, torch.float32, torch.float16]
+
+
+def test_an_unknown_eval_precision_is_refused_before_training(make_cfg) -> None:
+    cfg = make_cfg("pe=rope", "eval_precision=fp16")
+    with pytest.raises(PipelineConfigError, match="eval_precision=fp16: choose"):
+        train(cfg)
+    assert not Path(cfg.paths.output_dir).exists()
 
 
 def test_an_evaluations_summary_names_the_run_it_read() -> None:
