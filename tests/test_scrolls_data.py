@@ -49,7 +49,7 @@ def test_task_metadata_follows_the_paper() -> None:
         g = t.generation
         if t.is_summary:
             assert g.do_sample and g.max_new_tokens == 1000
-            assert (g.top_k, g.top_p) == ((None, 1.0) if name == "gov_report" else (3, None))
+            assert (g.top_k, g.top_p) == ((50, 1.0) if name == "gov_report" else (3, None))
         else:
             assert t.kind == "qa" and not g.do_sample and g.max_new_tokens == 200
     with pytest.raises(ValueError, match="unknown SCROLLS task 'squad'.*qasper, contract_nli"):

@@ -101,9 +101,9 @@ class ScrollsTask:
 
 
 GREEDY = GenerationSettings(max_new_tokens=200, do_sample=False)
-# Paper: do_sample with top_p=1 for GovReport. NB: Hugging Face generate() also applies its
-# default top_k=50 unless told otherwise; a sampler of our own must decide that explicitly.
-SAMPLE_TOP_P1 = GenerationSettings(max_new_tokens=1000, do_sample=True, top_p=1.0)
+# GovReport: the paper's generate(do_sample=True, top_p=1) also applied Hugging Face's default
+# top_k=50 (GenerationConfig), so it sampled among the 50 likeliest tokens: so does ours.
+SAMPLE_TOP_P1 = GenerationSettings(max_new_tokens=1000, do_sample=True, top_k=50, top_p=1.0)
 SAMPLE_TOP_K3 = GenerationSettings(max_new_tokens=1000, do_sample=True, top_k=3)
 
 # In the column order of the paper's Table 1.
