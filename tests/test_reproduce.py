@@ -91,6 +91,7 @@ def test_paper_plan_prints_multiruns_and_runs_nothing(tmp_path: Path, capsys: py
     out = capsys.readouterr().out
     assert not (tmp_path / "results").exists()  # prints only: never renders (or touches) results/
     assert "python -m pipelines.train -m experiment=addition/paper pe=rope,randpe,nope,fire,tape seed=0" in out
+    assert "python -m pipelines.train -m experiment=addition/paper_fig2 pe=rope,randpe,nope,fire,tape seed=0" in out
     assert "experiment=scrolls/paper" in out and "task.dataset=qasper,contract_nli" in out
     assert "experiment=context_extension/paper" in out and "model.pretrained_path=" in out
     assert "python -m pipelines.benchmark device=cuda scale=paper" in out
