@@ -85,9 +85,10 @@ def test_paper_preset_matches_the_spec() -> None:
     assert cfg.trainer.max_steps == 10_000 and cfg.optim.lr == 1e-4
     assert cfg.optim.warmup_steps == 0.02 * cfg.trainer.max_steps and cfg.optim.schedule == "linear"
     assert cfg.task.corpus == "stream" and cfg.task.text_source == "allenai/c4"
-    pretrain.validate(cfg)
     with pytest.raises(PipelineConfigError, match="task.tokenizer_path"):
-        pretrain.datamodule(cfg)  # the Llama tokenizer must be given, before any data is read
+        pretrain.validate(cfg)  # the Llama tokenizer must be given, before any data is read
+    with pytest.raises(PipelineConfigError, match="task.tokenizer_path"):
+        pretrain.datamodule(cfg)
 
 
 @pytest.mark.parametrize(
@@ -164,6 +165,27 @@ def test_paper_path_streams_shards_with_a_hugging_face_tokenizer(make_cfg, data_
 def test_stream_source_missing_says_what_to_do(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="task.text_source"):
         open_text_stream(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("source", ["hub", "train_only"])
+def test_an_unreadable_stream_is_refused_before_the_run_starts(source, make_cfg, data_dir, tmp_path,
+                                                                monkeypatch) -> None:
+    """The hub offline was found after the hub client's retries (~23 s), with tracebacks; shards
+    without a validation split only when the held-out set was read."""
+    import tape.data.hub
+
+    monkeypatch.setattr(tape.data.hub, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # conftest sets it: the check must not need it
+    text = "allenai/c4"
+    if source == "train_only":
+        text = write_c4_shards(tmp_path)
+        next(text.glob("c4-validation.*")).unlink()
+    cfg = pretrain_cfg(make_cfg, data_dir, "pe=rope", "task.corpus=stream", f"task.text_source={text}",
+                       f"task.tokenizer_path={tmp_path}")
+    reason = "hub is not reachable" if source == "hub" else "no validation shards"
+    with pytest.raises(PipelineConfigError, match=f"task.text_source=.*{reason}"):
+        train(cfg)
+    assert not Path(cfg.paths.output_dir).exists()
 
 
 def test_linear_schedule_warms_up_then_decays_to_the_floor() -> None:

@@ -59,6 +59,14 @@ def validate(cfg: DictConfig) -> None:
             f"{t.vocab_size}; leave model.vocab_size at ${{task.vocab_size}}"
         )
     check_position_range(mc, *positions_needed(t))
+    if t.corpus == "stream":
+        from tape.data.streaming import check_text_source
+
+        tokenizer_dir(t)
+        try:
+            check_text_source(str(t.text_source))
+        except FileNotFoundError as err:
+            raise PipelineConfigError(str(err)) from None
 
 
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
@@ -87,10 +95,8 @@ def _books(t: DictConfig) -> TextData:
     return data
 
 
-def hf_tokenizer(t: DictConfig) -> Any:
-    """The Hugging Face tokenizer of a streamed corpus (``task.tokenizer_path``), checked."""
-    from transformers import AutoTokenizer
-
+def tokenizer_dir(t: DictConfig) -> Path:
+    """``task.tokenizer_path``, a directory, or an error saying how to get Llama-2's."""
     path = Path(str(t.tokenizer_path)) if t.get("tokenizer_path") else None
     if path is None or not path.is_dir():
         raise PipelineConfigError(
@@ -99,7 +105,14 @@ def hf_tokenizer(t: DictConfig) -> Any:
             "meta-llama/Llama-2-7b-hf tokenizer.model tokenizer.json tokenizer_config.json "
             "--local-dir <dir>, after accepting the licence on the model's page)"
         )
-    tok = AutoTokenizer.from_pretrained(str(path))
+    return path
+
+
+def hf_tokenizer(t: DictConfig) -> Any:
+    """The Hugging Face tokenizer of a streamed corpus (``task.tokenizer_path``), checked."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir(t)))
     if len(tok) > int(t.vocab_size):
         raise PipelineConfigError(f"the tokenizer at task.tokenizer_path has {len(tok)} tokens, "
                                   f"more than task.vocab_size={t.vocab_size}")

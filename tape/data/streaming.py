@@ -39,29 +39,54 @@ def pack_blocks(docs: Iterable[Sequence[int]], seq_len: int, bos_id: int | None,
             buf = buf[seq_len:]
 
 
+def _shards(path: Path, split: str) -> list[str]:
+    """The ``split`` shards under a local directory: C4's c4-<split>.*.json.gz, or *.jsonl."""
+    files = [p for p in sorted(path.rglob("*")) if p.name.endswith((".json.gz", ".jsonl", ".json"))]
+    files = [str(p) for p in files if f"-{split}." in p.name or f"{split}." in p.name]
+    if not files:
+        raise FileNotFoundError(f"no {split} shards (*{split}*.json.gz / *.jsonl, as C4's "
+                                f"c4-{split}.00000-of-01024.json.gz) under {path}")
+    return files
+
+
+def check_text_source(source: str, splits: Sequence[str] = ("train", "validation")) -> None:
+    """Fail at once, with what to do, when ``open_text_stream`` could not read every split: a
+    directory without a split's shards, or the hub unreachable (not after the client's retries)."""
+    from tape.data.hub import hub_usable
+
+    path = Path(source)
+    try:
+        if path.is_dir():
+            for split in splits:
+                _shards(path, split)
+        elif source != HUB_C4[0]:
+            raise FileNotFoundError(f"{source} is neither a directory of shards nor {HUB_C4[0]}")
+        elif not hub_usable():
+            raise FileNotFoundError("the Hugging Face hub is not reachable from this machine (or "
+                                    "HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set)")
+    except FileNotFoundError as err:
+        raise FileNotFoundError(_unavailable(source, err)) from None
+
+
+def _unavailable(source: str, err: Exception) -> str:
+    return (f"pretraining text unavailable from task.text_source={source!r} ({type(err).__name__}: "
+            f"{err}). Paper scale streams C4 en from the hub (task.text_source=allenai/c4, needs "
+            "network) or reads local shards (task.text_source=/path/to/c4/en with *.json.gz files)")
+
+
 def open_text_stream(source: str, split: str = "train") -> Any:
     """A streaming ``datasets.IterableDataset`` of documents: a local shard directory, or C4 from
     the hub when ``source`` is ``allenai/c4``. Fails with what to do when neither works."""
     import datasets
 
+    check_text_source(source, (split,))
     path = Path(source)
     try:
         if path.is_dir():
-            files = [p for p in sorted(path.rglob("*")) if p.name.endswith((".json.gz", ".jsonl", ".json"))]
-            files = [str(p) for p in files if f"-{split}." in p.name or f"{split}." in p.name]
-            if not files:
-                raise FileNotFoundError(f"no {split} shards (*{split}*.json.gz / *.jsonl, as C4's "
-                                        f"c4-{split}.00000-of-01024.json.gz) under {path}")
-            return datasets.load_dataset("json", data_files=files, split="train", streaming=True)
-        if source != HUB_C4[0]:
-            raise FileNotFoundError(f"{source} is neither a directory of shards nor {HUB_C4[0]}")
+            return datasets.load_dataset("json", data_files=_shards(path, split), split="train", streaming=True)
         return datasets.load_dataset(*HUB_C4, split=split, streaming=True)
-    except Exception as err:  # offline hub, missing files: one clear message
-        raise FileNotFoundError(
-            f"pretraining text unavailable from task.text_source={source!r} ({type(err).__name__}: "
-            f"{err}). Paper scale streams C4 en from the hub (task.text_source=allenai/c4, needs "
-            "network) or reads local shards (task.text_source=/path/to/c4/en with *.json.gz files)"
-        ) from err
+    except Exception as err:  # the hub failing after all, unreadable files: one clear message
+        raise FileNotFoundError(_unavailable(source, err)) from err
 
 
 class PackedTextStream(IterableDataset):
