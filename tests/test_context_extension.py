@@ -261,6 +261,39 @@ def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypat
         load_data(cfg)  # HF_HUB_OFFLINE=1 (conftest): fails at once, no network touched
 
 
+def test_a_local_copy_of_the_hub_dataset_reads_offline(tmp_path):
+    """The offline error told the user to point data.hub_dataset at a local copy, then refused
+    it: the hub's reachability was checked before the name."""
+    from pipelines.tasks.context_extension.data import _hub_documents
+
+    copy = tmp_path / "redpajama"
+    copy.mkdir()
+    (copy / "train.jsonl").write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(3)))
+    cfg = compose_config("config", ["experiment=context_extension/paper", f"data.hub_dataset={copy}"])
+    assert list(_hub_documents(cfg)) == ["doc 0", "doc 1", "doc 2"]  # HF_HUB_OFFLINE=1 (conftest)
+
+
+def test_a_misnamed_books_split_names_its_key(tmp_path, data_dir):
+    cfg = extend_cfg(tmp_path, data_dir, "data.eval_files.books=books_test")
+    with pytest.raises(PipelineConfigError, match=r"data\.eval_files\.books=books_test: .*choose one of"):
+        load_data(cfg)
+
+
+def test_a_pretrained_model_is_not_fed_the_books_bpe(tmp_path):
+    """A Llama of another vocabulary was extended on books-BPE ids, silently (or, smaller than
+    the BPE, failed with an IndexError after the run began)."""
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"vocab_size": 32000}))
+    cfg = compose_config("config", ["experiment=context_extension/smoke", f"model.pretrained_path={llama}"])
+    assert cfg.data.source == "books"
+    with pytest.raises(PipelineConfigError, match=r"vocabulary of 32000 tokens.*data\.source=hub"):
+        check_inputs(cfg)
+    with open_dict(cfg):
+        cfg.data.vocab_size = 32000  # a model pretrained on a books BPE of its size: accepted
+    check_inputs(cfg)
+
+
 @pytest.mark.parametrize("override, key", [
     ("extend.context=260", "extend.context=260 must split into recipes.longlora.s2attn_groups"),
     ("extend.context=64", "extend.context=64 must exceed model.context"),

@@ -57,6 +57,8 @@ def check_inputs(cfg: DictConfig) -> None:
         raise PipelineConfigError(f"model.pretrained_path={path}: no Hugging Face model there "
                                   f"(config.json missing); {LLAMA_WEIGHTS_HINT}")
     if cfg.data.source == "books":
+        if path:
+            _check_books_vocabulary(cfg, Path(path))
         return
     if cfg.data.source != "hub":
         raise PipelineConfigError(f"data.source={cfg.data.source}: choose books or hub")
@@ -64,6 +66,19 @@ def check_inputs(cfg: DictConfig) -> None:
         if not file or not Path(str(file)).is_file():
             raise PipelineConfigError(f"data.eval_files.{name}={file}: token file not found; set "
                                       f"data.eval_files.{name}=<path to a .bin file>: {LONGLORA_BIN_HINT}")
+
+
+def _check_books_vocabulary(cfg: DictConfig, path: Path) -> None:
+    """The books source feeds ids of its own BPE: a pretrained model must have that vocabulary."""
+    import json
+
+    vocab = json.loads((path / "config.json").read_text()).get("vocab_size")
+    if vocab is not None and vocab != int(cfg.data.vocab_size):
+        raise PipelineConfigError(
+            f"model.pretrained_path={path} has a vocabulary of {vocab} tokens, but data.source=books "
+            f"feeds it ids of the books BPE (data.vocab_size={cfg.data.vocab_size}), not of its own "
+            "tokenizer: extend it on text its tokenizer reads (data.source=hub with data.hub_dataset="
+            "<the hub's name or a local copy> and data.eval_files.<name>=<token files>)")
 
 
 # ---------------------------------------------------------------------------- sources
@@ -77,7 +92,12 @@ def _books(cfg: DictConfig) -> ExtensionData:
         raise PipelineConfigError(f"data.source=books: {err}") from None
     tok = data.tokenizer()
     train = data.tokens("books_train")
-    evals = {name: data.tokens(str(split)) for name, split in cfg.data.eval_files.items()}
+    evals = {}
+    for name, split in cfg.data.eval_files.items():
+        try:
+            evals[name] = data.tokens(str(split))
+        except FileNotFoundError as err:
+            raise PipelineConfigError(f"data.eval_files.{name}={split}: {err}") from None
     return ExtensionData(
         encode=tok.encode, pad_id=tok.pad_id, vocab_size=tok.vocab_size,
         train_rows=lambda index, count, seq_len, rng: random_blocks(train, seq_len, count, rng),
@@ -92,7 +112,7 @@ def _hub_documents(cfg: DictConfig) -> Iterator[str]:
     name = cfg.data.hub_dataset
     how = (f"data.hub_dataset={name} comes from the Hugging Face hub: give this machine network "
            "access (or a datasets cache holding it), or point data.hub_dataset at a local copy")
-    if not hub_usable():
+    if not Path(name).exists() and not hub_usable():  # a local copy needs no hub
         raise PipelineConfigError(f"the hub is not reachable from this machine; {how}")
     import datasets
 
