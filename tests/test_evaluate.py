@@ -257,6 +257,24 @@ def test_a_context_extension_run_evaluates_the_chosen_stage(tmp_path: Path, toke
     assert not (run / "csv").exists()  # never into the run's own files
 
 
+def test_every_trial_prompt_fits_its_token_length(tokenizer_json: Path) -> None:
+    """Fillers were sized on 8 prompts of another draw rule than the evaluation's 20: a 192-token
+    point held a 193-token prompt (the books BPE), and a RandPE run at 192 positions failed."""
+    from pipelines.tasks import passkey
+    from tape.data.passkey import MAX_KEY, passkey_prompt
+    from tape.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(str(tokenizer_json))
+    task = compose_config("evaluate", ["run_dir=x", "task=passkey"]).task
+    with open_dict(task):
+        task.lengths = list(range(256, 1025, 16))  # this small BPE: 222 tokens without filler
+    answer = len(tok.encode(str(task.answer_prefix) + str(MAX_KEY)))
+    for target, n_garbage in passkey.sizes(task, tok, bos=True):
+        longest = max(len(tok.encode(passkey_prompt(n_garbage, s, task.draws).text))
+                      for s in passkey.trial_seeds(task)) + 1 + answer
+        assert longest <= target, (target, n_garbage)
+
+
 def test_paper_passkey_sizes_are_in_the_task_config() -> None:
     from tape.data.passkey import PAPER_FILLER_CHARS
 

@@ -47,7 +47,7 @@ def shortest_fit(t: DictConfig, tok: TextTokenizer, bos: bool, at_least: int = 1
     n = 1 << max(at_least - 1, 1).bit_length()
     while True:
         try:
-            garbage_for_tokens(tok.encode, n, str(t.answer_prefix), extra_tokens=int(bos))
+            garbage_for_tokens(tok.encode, n, str(t.answer_prefix), trial_seeds(t), int(bos), t.draws)
             return n
         except ValueError:
             n *= 2
@@ -84,6 +84,8 @@ def _tokenizer(t: DictConfig) -> TextTokenizer:
 
 def sizes(t: DictConfig, tok: TextTokenizer, bos: bool) -> list[tuple[int | None, int]]:
     """(target tokens or None, filler characters) per test point."""
+    if t.draws not in ("official", "python"):
+        raise PipelineConfigError(f"task.draws={t.draws}: choose official (as eval_retrieval.py) or python")
     if t.filler_chars is not None:
         return [(None, int(n)) for n in t.filler_chars]
     if not t.lengths:
@@ -92,7 +94,7 @@ def sizes(t: DictConfig, tok: TextTokenizer, bos: bool) -> list[tuple[int | None
     for n in t.lengths:
         try:
             out.append((int(n), garbage_for_tokens(tok.encode, int(n), str(t.answer_prefix),
-                                                   extra_tokens=int(bos))))
+                                                   trial_seeds(t), int(bos), t.draws)))
         except ValueError as err:
             fix = shortest_fit(t, tok, bos, int(n) + 1)
             raise PipelineConfigError(f"task.lengths={list(t.lengths)}: {err}; give longer prompts, e.g. "
@@ -100,12 +102,15 @@ def sizes(t: DictConfig, tok: TextTokenizer, bos: bool) -> list[tuple[int | None
     return out
 
 
+def trial_seeds(t: DictConfig) -> range:
+    """The prompt seeds of the evaluation's trials: task.seed .. task.seed + task.trials - 1."""
+    return range(int(t.seed), int(t.seed) + int(t.trials))
+
+
 def rows(model: nn.Module, task_cfg: DictConfig, tok: TextTokenizer | None = None) -> list[dict[str, Any]]:
     """One row per test point: accuracy over ``trials`` prompts and their token counts. ``tok``:
     a tokenizer already loaded (context extension's); default: ``task_cfg.tokenizer``."""
     t = task_cfg
-    if t.draws not in ("official", "python"):
-        raise PipelineConfigError(f"task.draws={t.draws}: choose official (as eval_retrieval.py) or python")
     tok = tok or _tokenizer(t)
     bos_id = tok.bos_id if t.bos else None
     trials, seed = int(t.trials), int(t.seed)

@@ -84,16 +84,18 @@ def garbage_for_tokens(
     encode: Callable[[str], Sequence[int]],
     max_tokens: int,
     answer_prefix: str = " ",
-    probe_seeds: int = 8,
+    seeds: Sequence[int] = range(8),
     extra_tokens: int = 0,
+    draws: Draws = "python",
 ) -> int:
     """The largest filler length (characters, a multiple of 16) whose prompts plus the longest
-    answer (plus ``extra_tokens``, e.g. 1 for a BOS) fit in ``max_tokens`` tokens, checked on
-    ``probe_seeds`` seeds (0, 1, ...). Raises ValueError when not even an empty filler fits."""
+    answer (plus ``extra_tokens``, e.g. 1 for a BOS) fit in ``max_tokens`` tokens, for the trials
+    of these ``seeds`` drawn by ``draws`` (an evaluation passes its own: other trials may tokenise
+    longer). Raises ValueError when not even an empty filler fits."""
     answer = len(encode(answer_prefix + str(MAX_KEY))) + extra_tokens
 
     def longest(n_garbage: int) -> int:
-        return max(len(encode(passkey_prompt(n_garbage, s).text)) for s in range(probe_seeds)) + answer
+        return max(len(encode(passkey_prompt(n_garbage, s, draws).text)) for s in seeds) + answer
 
     if longest(0) > max_tokens:
         raise ValueError(f"a passkey prompt with no filler needs {longest(0)} tokens > {max_tokens}")
