@@ -206,6 +206,19 @@ def test_missing_local_files_name_the_key_and_the_fix(tmp_path: Path) -> None:
         assert needle in text
 
 
+def test_an_empty_local_file_is_named_and_its_dataset_not_counted(tmp_path: Path) -> None:
+    """An empty train.jsonl (an interrupted unzip) failed with a bare StopIteration traceback,
+    and the reproduction's plan counted its dataset as present."""
+    from pipelines.plan import scrolls_datasets
+
+    (tmp_path / "qasper").mkdir()
+    (tmp_path / "qasper" / "train.jsonl").write_text("")
+    (tmp_path / "qasper" / "validation.jsonl").write_text('{"id": "a"}\n')
+    with pytest.raises(ScrollsDataError, match=r"has empty .*qasper/train\.jsonl"):
+        load_scrolls("qasper", tmp_path)
+    assert scrolls_datasets(tmp_path)[0] == ()
+
+
 def test_no_data_dir_and_no_hub_fails_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -295,6 +295,9 @@ def local_files(task: str, data_dir: str | os.PathLike, splits: Sequence[str]) -
     missing = [str(p) for p in files.values() if not p.is_file()]
     if missing:
         raise _unavailable(task, f"task.data_dir={str(data_dir)!r} lacks {', '.join(missing)}.")
+    empty = [str(p) for p in files.values() if p.stat().st_size == 0]
+    if empty:  # an interrupted unzip: the json reader would fail with a bare StopIteration
+        raise _unavailable(task, f"task.data_dir={str(data_dir)!r} has empty {', '.join(empty)}.")
     return files
 
 
