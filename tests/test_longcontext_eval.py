@@ -70,6 +70,23 @@ def test_perplexity_over_a_token_file(tmp_path):
     assert math.isclose(result["perplexity"], 2000.0, rel_tol=1e-4)  # uniform over 2000 tokens
 
 
+def test_a_token_file_of_another_vocabulary_is_named(tmp_path):
+    """Ids past the model's vocabulary failed with a bare IndexError inside the embedding."""
+    from omegaconf import OmegaConf
+
+    from pipelines.errors import PipelineConfigError
+    from pipelines.tasks import perplexity
+
+    path = tmp_path / "llama.bin"
+    np.array([5, 31999, 7] * 100, dtype=np.uint16).tofile(path)
+    task = OmegaConf.create({"corpora": {"pg19": str(path)}, "lengths": [16], "token_dtype": "uint16",
+                             "stride": 8, "batch_size": 1, "max_windows": None})
+    model = torch.nn.Module()
+    model.embed = torch.nn.Embedding(300, 4)
+    with pytest.raises(PipelineConfigError, match=r"task.corpora.pg19: token id 31999 .* vocabulary of 300"):
+        perplexity.rows(model, task)
+
+
 def test_missing_token_file_says_how_to_get_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="pg19/test.bin"):
         load_token_file(tmp_path / "pg19.bin")

@@ -74,6 +74,13 @@ def rows(model: nn.Module, task_cfg: DictConfig,
     check_model_positions(model, max(lengths), "task.lengths")
     out = []
     corpora = dict(tokens) if tokens is not None else {c: _load(c, p, t) for c, p in t.corpora.items()}
+    vocab = _vocab_size(model)
+    for corpus, ids in corpora.items():
+        if vocab is not None and len(ids) and int(ids.max()) >= vocab:
+            raise PipelineConfigError(
+                f"task.corpora.{corpus}: token id {int(ids.max())} is outside the model's vocabulary "
+                f"of {vocab}: the file was tokenised by another tokenizer (or read as another "
+                f"task.token_dtype than {t.token_dtype}); give a file of this model's token ids")
     for corpus, ids in corpora.items():
         for length in lengths:
             try:
@@ -83,6 +90,12 @@ def rows(model: nn.Module, task_cfg: DictConfig,
                 raise PipelineConfigError(f"task.corpora.{corpus} at task.lengths {length}: {err}") from None
             out.append({"corpus": str(corpus), "length": length, **r})
     return out
+
+
+def _vocab_size(model: nn.Module) -> int | None:
+    """Rows of the model's input embedding (ours: ``embed``; Hugging Face: get_input_embeddings)."""
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else getattr(model, "embed", None)
+    return embed.num_embeddings if isinstance(embed, nn.Embedding) else None
 
 
 def _load(corpus: str, path: Any, t: DictConfig) -> np.ndarray:
