@@ -134,13 +134,15 @@ def _eager(q, k, values, mask, bias, is_causal, scale):
 
 
 def _sdpa(q, k, v, mask, bias, is_causal, scale):
+    nq, nk = q.shape[-2], k.shape[-2]
+    if is_causal and bias is None and nq != nk:  # SDPA's is_causal aligns upper-left
+        mask, is_causal = causal_mask(nq, None, nk, q.device), False
     attn_mask = mask
     if bias is not None:
         attn_mask = bias.to(q.dtype)
         if mask is not None:
             attn_mask = attn_mask.masked_fill(~mask, float("-inf"))
         elif is_causal:
-            nq, nk = bias.shape[-2:]
             attn_mask = attn_mask.masked_fill(~causal_mask(nq, None, nk, q.device), float("-inf"))
         is_causal = False
     return F.scaled_dot_product_attention(
@@ -226,15 +228,15 @@ def plan_attention(
         )
     if backend == "triton" and extra is not None and not _triton_ok(q, k, extra, mask, bias):
         raise RuntimeError(
-            "attn_backend='triton' needs triton installed (pip install triton), no attention mask "
-            "(a padded batch, or several new tokens after a KV cache, has one) or bias, head dims "
-            "<= 128 and at most as many queries as keys; use attn_backend='auto' to fall back to SDPA"
+            "attn_backend='triton' needs triton installed (pip install triton), no padding mask "
+            "or attention bias (use it for unpadded TAPE batches), head dims <= 128 and at most "
+            "as many queries as keys; use attn_backend='auto' to fall back to SDPA"
         )
     if backend == "flex" and extra is not None and not _flex_ok(q, k, mask, bias):
         raise RuntimeError(
             "attn_backend='flex' needs PyTorch's FlexAttention (torch >= 2.5), bf16/fp16 inputs on CUDA, "
-            "no attention mask (a padded batch, or several new tokens after a KV cache, has one) or "
-            "bias and at most as many queries as keys; use attn_backend='auto' to fall back to SDPA"
+            "no padding mask or attention bias (use it for unpadded TAPE batches) and at most as many "
+            "queries as keys; use attn_backend='auto' to fall back to SDPA"
         )
     if extra is None:  # one value tensor: the Triton kernel and the flex path are for [V | E] only
         if backend in ("sdpa", "eager"):
@@ -292,14 +294,15 @@ def attend(
     dtype) in one autograd node that keeps them unrotated for backward (on the Triton kernel, the
     kernel's node); SDPA saves the rotated ones as recipes (``tape.model.recompute``).
 
-    mask: (B or 1, 1, Nq, Nk) bool from ``causal_mask``, or None for the plain causal case
-    (Nq == Nk, or a single query that sees every key). bias: (B or 1, H, Nq, Nk) float, added to
-    the logits; when it is ALiBi, pass its ``alibi_slopes`` too so flash-attn can apply it.
+    mask: (B or 1, 1, Nq, Nk) bool from ``causal_mask`` (padding), or None for plain causal
+    attention, lower-right aligned: the Nq queries are the last of the Nk keys (a KV cache).
+    bias: (B or 1, H, Nq, Nk) float, added to the logits; when it is ALiBi, pass its
+    ``alibi_slopes`` too so flash-attn can apply it.
     extra is aggregated in v's dtype (TAPE keeps E in float32 and adds A·E back into it).
     Returns (A·V of shape (B, H, Nq, d), A·extra of shape (B, H, Nq, de) or None).
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
-    is_causal = mask is None and q.shape[-2] == k.shape[-2] and q.shape[-2] > 1
+    is_causal = mask is None and q.shape[-2] > 1  # one query sees every key
     plan = plan_attention(backend, fuse, q, k, extra, mask, bias, alibi_slopes is not None)
     saved_as_recipes = contextlib.nullcontext()
     if rotation is not None and plan.backend != "triton":

@@ -182,8 +182,7 @@ def prepare_positions(
     else:
         key_pos, key_valid = position_ids, new_valid
     padded = valid_all is not None and not bool(valid_all.all())
-    needs_mask = padded or (n > 1 and past > 0)
-    mask = causal_mask(n, key_valid if padded else None, past + n, device) if needs_mask else None
+    mask = causal_mask(n, key_valid, past + n, device) if padded else None  # None: causal (attend)
     return position_ids, key_pos, mask
 
 
