@@ -39,6 +39,12 @@ def find_checkpoint(run_dir: Path, which: str) -> Path:
         found = sorted(ckpt_dir.glob("best-*.ckpt"))
     else:
         found = [Path(which)]
+        if not found[0].resolve().is_relative_to(run_dir.resolve()):
+            raise PipelineConfigError(
+                f"ckpt={which} is not a checkpoint of run_dir={run_dir}, and its evaluation would be "
+                f"filed as that run's; pass ckpt=last, ckpt=best or a .ckpt under {ckpt_dir}, or the "
+                "run_dir of the run that wrote it"
+            )
     found = [p for p in found if p.is_file()]
     if not found:
         raise PipelineConfigError(

@@ -325,6 +325,16 @@ def test_a_truncated_checkpoint_is_refused_like_train_does_and_leaves_nothing(pr
     assert not (pretrained / "eval" / "broken").exists()
 
 
+def test_another_runs_checkpoint_is_not_filed_as_this_runs_evaluation(pretrained: Path, tmp_path: Path) -> None:
+    """An addition checkpoint evaluated with a flip-flop run_dir gave read errors of 100, written
+    into that run's eval/ as its own evaluation (and into its record)."""
+    loose = tmp_path / "elsewhere.ckpt"
+    loose.write_bytes((pretrained / "checkpoints" / "last.ckpt").read_bytes())
+    with pytest.raises(PipelineConfigError, match=r"ckpt=.*elsewhere\.ckpt is not a checkpoint of run_dir="):
+        run_eval(pretrained, f"ckpt={loose}", name="loose")
+    assert not (pretrained / "eval" / "loose").exists()
+
+
 def test_perplexity_names_its_protocol_and_reproduces_the_runs_own_number(pretrained: Path) -> None:
     """Issue 23: task=perplexity gave 90.35 where the run logged 91.12, unexplained: the paper's
     protocol scores every window, the run's own evaluation eval_max_windows of them."""
