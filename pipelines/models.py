@@ -32,6 +32,22 @@ def model_config(cfg: DictConfig) -> ModelConfig:
         ) from None
 
 
+HPARAM_KEYS = {"lr": "optim.lr", "betas": "optim.betas", "eps": "optim.eps",
+               "weight_decay": "optim.weight_decay", "warmup_steps": "optim.warmup_steps",
+               "schedule": "optim.schedule", "min_lr_ratio": "optim.min_lr_ratio",
+               "total_steps": "trainer.max_steps", "seed": "seed"}
+"""CausalLMModule's arguments besides the model, and the config keys that set them."""
+
+
+def module_hparams(cfg: DictConfig) -> dict[str, Any]:
+    """The arguments ``pipelines.train`` builds its CausalLMModule with (what a checkpoint's
+    hyper_parameters record), without how it runs (compile)."""
+    o = cfg.optim
+    return dict(model=model_config(cfg).to_dict(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                weight_decay=o.weight_decay, warmup_steps=o.warmup_steps, schedule=o.schedule,
+                min_lr_ratio=o.min_lr_ratio, total_steps=cfg.trainer.max_steps, seed=cfg.seed)
+
+
 def check_model_vocab(mc: ModelConfig, need: int, vocabulary: str) -> None:
     """Fail when model.vocab_size cannot hold the task's ``need`` tokens (its ``vocabulary``)."""
     if mc.vocab_size < need:

@@ -7,10 +7,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.checkpoints import read_checkpoint_step
+from pipelines.checkpoints import load_checkpoint
 from pipelines.errors import PipelineConfigError
+from pipelines.models import HPARAM_KEYS, module_hparams
 from pipelines.run_dirs import live_owner
-from tape.report.settings import describe, differences
+from tape.report.settings import describe, differences, flatten
 
 
 # Keys a resumed run may change: where outputs go and how they are logged (plus ckpt_path
@@ -21,7 +22,9 @@ RESUME_MAY_DIFFER = ("paths", "hydra", "logger", "callbacks", "ckpt_path", "eval
 
 
 def _newest_run_checkpoint(cfg: DictConfig, run_dir: Path) -> Path:
-    """checkpoints/last.ckpt of the newest earlier run of this experiment, PE and seed."""
+    """checkpoints/last.ckpt of the newest earlier unfinished run of this experiment, PE and seed
+    whose config this one may resume (an arm's settings beyond them, e.g. model.abacus, match);
+    without one, the newest such run's, which ``check_resumable`` then refuses with its reason."""
     pattern = f"{cfg.experiment_name}/{cfg.pe.name}/{cfg.seed}/*/checkpoints/last.ckpt"
     found = [p for p in Path(cfg.paths.runs_dir).glob(pattern)
              if p.resolve().parents[1] != run_dir.resolve()]
@@ -30,12 +33,57 @@ def _newest_run_checkpoint(cfg: DictConfig, run_dir: Path) -> Path:
             f"ckpt_path=last: no {Path(cfg.paths.runs_dir) / pattern} to resume; train first "
             "or pass ckpt_path=<run dir or .ckpt file>"
         )
-    return max(found, key=lambda p: (p.parents[1].name, p.stat().st_mtime))
+    found.sort(key=lambda p: (p.parents[1].name, p.stat().st_mtime), reverse=True)
+    unfinished = [p for p in found if not (p.parents[1] / "metrics.json").is_file()]
+    for path in unfinished:
+        if not _config_differences(cfg, path.parents[1]):
+            return path
+    return (unfinished or found)[0]
+
+
+def _config_differences(cfg: DictConfig, run: Path) -> dict[str, Any]:
+    """Keys where this config differs from the run's config.yaml (none without one), besides
+    RESUME_MAY_DIFFER and the keys set from them (task.data_dir from paths.data_dir)."""
+    if not (run / "config.yaml").is_file():
+        return {}
+    saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=False)
+    now = OmegaConf.to_container(cfg, resolve=True)
+    return differences(now, saved, (*RESUME_MAY_DIFFER, *_derived_keys(cfg)))
+
+
+def _derived_keys(cfg: DictConfig) -> list[str]:
+    """Keys whose value interpolates a key that may differ on resume (paths.*, hydra, cwd),
+    directly or through another such key."""
+    raw = flatten(OmegaConf.to_container(cfg, resolve=False))
+    sources = [*(f"${{{k}" for k in RESUME_MAY_DIFFER), "${hydra:", "${cwd:"]
+    derived: list[str] = []
+    while True:
+        more = [k for k, v in raw.items() if k not in derived and isinstance(v, str)
+                and any(s in v for s in sources)]
+        if not more:
+            return derived
+        derived += more
+        sources += [f"${{{k}}}" for k in more]
+
+
+def _hparam_differences(cfg: DictConfig, hparams: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{config key: (this run's value, the checkpoint's)} where the module this config builds
+    differs from the one the checkpoint's hyper_parameters record."""
+    from pipelines.run_source import checkpoint_model
+    from tape.model import ModelConfig
+
+    now = module_hparams(cfg)
+    saved = {k: v for k, v in hparams.items() if k in now}
+    if "model" in saved:
+        saved["model"] = ModelConfig.from_dict(checkpoint_model(saved["model"])).to_dict()
+    a, b = (flatten({k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}) for d in (now, saved))
+    return {HPARAM_KEYS.get(k, k): (a[k], b[k]) for k in sorted(set(a) & set(b)) if a[k] != b[k]}
 
 
 def check_resumable(cfg: DictConfig, ckpt: Path, key: str = "ckpt_path") -> None:
     """A checkpoint can be resumed by this config: its run has not finished, its saved config
-    differs from this one only in RESUME_MAY_DIFFER, and it is short of trainer.max_steps."""
+    (or, for a checkpoint outside a run, its hyper_parameters) differs from this one only in
+    RESUME_MAY_DIFFER, and it is short of trainer.max_steps."""
     run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
     value = cfg.get("ckpt_path")
     if run is not None and (run / "metrics.json").is_file():
@@ -44,18 +92,21 @@ def check_resumable(cfg: DictConfig, ckpt: Path, key: str = "ckpt_path") -> None
             f"{key} to train a new run (a finished run is never continued or rewritten), or pass "
             f"{key}=<the directory of an unfinished run>"
         )
+    state = load_checkpoint(ckpt, key)
     if run is not None and (run / "config.yaml").is_file():
-        saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=False)
-        now = OmegaConf.to_container(cfg, resolve=True)
-        diff = differences(now, saved, RESUME_MAY_DIFFER)
-        if diff:
-            was = {k: _get(saved, k) for k in diff}
-            raise PipelineConfigError(
-                f"{key}={value}: {ckpt} was trained with a different config; this run sets "
-                f"{describe(diff)} where it had {describe(was)}. Resume with the same settings "
-                f"(only {', '.join(RESUME_MAY_DIFFER[:4])} ... may change) or drop {key}"
-            )
-    step = read_checkpoint_step(ckpt, key)
+        diff = _config_differences(cfg, run)
+        was = {k: _get(OmegaConf.to_container(OmegaConf.load(run / "config.yaml")), k) for k in diff}
+    else:  # a checkpoint moved out of its run: what it recorded of the module
+        pairs = _hparam_differences(cfg, state.get("hyper_parameters") or {})
+        diff, was = {k: a for k, (a, _) in pairs.items()}, {k: b for k, (_, b) in pairs.items()}
+    if diff:
+        raise PipelineConfigError(
+            f"{key}={value}: {ckpt} was trained with a different config; this run sets "
+            f"{describe(diff)} where it had {describe(was)}. Resume with the same settings "
+            f"(only {', '.join(RESUME_MAY_DIFFER[:4])} ... may change), pass {key}=<the run "
+            f"directory that has them>, or drop {key}"
+        )
+    step = int(state["global_step"])
     if step >= int(cfg.trainer.max_steps):
         raise PipelineConfigError(
             f"{key}={value}: {ckpt} is at step {step}, and trainer.max_steps={cfg.trainer.max_steps}; "

@@ -22,7 +22,7 @@ from pipelines.config_checks import check_accelerator, check_compile, check_trai
 from pipelines.entry import run_entry, task_wrapper
 from pipelines.hydra_conf import instantiate_group
 from pipelines.logs import job_log_name, quiet_known_noise, start_log_file
-from pipelines.models import model_config
+from pipelines.models import module_hparams
 from pipelines.precision import eval_autocast, evaluation_precision
 from pipelines.preflight import check_run_dir_new
 from pipelines.result_files import write_json_once
@@ -42,13 +42,7 @@ def build_module(cfg: DictConfig) -> CausalLMModule:
     from tape.lightning import CausalLMModule
     from tape.model.pairing import pair_initial_weights
 
-    o = cfg.optim
-    module = CausalLMModule(
-        model=model_config(cfg).to_dict(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-        weight_decay=o.weight_decay, warmup_steps=o.warmup_steps, schedule=o.schedule,
-        min_lr_ratio=o.min_lr_ratio, total_steps=cfg.trainer.max_steps, seed=cfg.seed,
-        compile_model=bool(cfg.get("compile", False)),
-    )
+    module = CausalLMModule(**module_hparams(cfg), compile_model=bool(cfg.get("compile", False)))
     if cfg.get("paired_init", False):  # same seed -> same shared initial weights for every PE
         pair_initial_weights(module.model, int(cfg.seed))
     return module

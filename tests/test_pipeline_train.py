@@ -181,6 +181,56 @@ def test_resume_refuses_a_checkpoint_of_another_config_naming_the_keys(make_cfg,
     assert resumed["steps"] == 6 and resumed["resumed_from"].endswith("killed/checkpoints/last.ckpt")
 
 
+def test_a_checkpoint_moved_out_of_its_run_is_checked_by_what_it_recorded(make_cfg, tmp_path: Path) -> None:
+    """Without its run's config.yaml a checkpoint was resumed unchecked: a seed-0 trajectory was
+    recorded as seed 5, and another PE failed inside fit with a raw state_dict error."""
+    common = ("pe=tape", "trainer.max_steps=6", "trainer.val_check_interval=2")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*common, name="killed"), extra_callbacks=[Kill(at_step=4)])
+    loose = tmp_path / "loose.ckpt"
+    loose.write_bytes((tmp_path / "runs/addition/smoke/tape/0/killed/checkpoints/last.ckpt").read_bytes())
+    for change, named in (("seed=5", r"seed=5 where it had seed=0"),
+                          ("pe=rope", r"model\.pe=rope where it had model\.pe=tape"),
+                          ("optim.lr=3e-3", r"optim\.lr=0\.003 where it had optim\.lr=0\.001")):
+        cfg = make_cfg(*common, change, f"ckpt_path={loose}", name="x")
+        with pytest.raises(PipelineConfigError, match=named):
+            train(cfg)
+        assert not Path(cfg.paths.output_dir).exists()
+    assert train(make_cfg(*common, f"ckpt_path={loose}", name="resumed"))["steps"] == 6
+
+
+def test_ckpt_path_last_takes_the_unfinished_run_of_this_arm(make_cfg, tmp_path: Path) -> None:
+    """last took the newest run of experiment/pe/seed and refused it when it was another arm
+    (model.abacus), though this arm's unfinished run was there."""
+    common = ("pe=rope", "trainer.max_steps=6", "trainer.val_check_interval=2")
+    for abacus, name in (("false", "a-without"), ("true", "b-with")):  # b-with is the newest
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            train(make_cfg(*common, f"model.abacus={abacus}", name=name), extra_callbacks=[Kill(at_step=4)])
+    resumed = train(make_cfg(*common, "model.abacus=false", "ckpt_path=last", name="resumed"))
+    assert resumed["resumed_from"].endswith("a-without/checkpoints/last.ckpt")
+
+
+def test_resuming_with_another_data_dir_is_not_a_changed_setting(tmp_path: Path) -> None:
+    """paths may change on resume, but keys set from them (pretraining's task.data_dir from
+    paths.data_dir, which follows the working directory) were counted as changed settings."""
+    from pipelines.resume import check_resumable
+
+    def pretrain_cfg(data_dir: Path):
+        return compose_config("config", ["experiment=pretrain/smoke", f"paths.data_dir={data_dir}"])
+
+    run = tmp_path / "killed"
+    (run / "checkpoints").mkdir(parents=True)
+    OmegaConf.save(pretrain_cfg(tmp_path / "data"), run / "config.yaml", resolve=True)
+    torch.save({"state_dict": {}, "global_step": 1}, run / "checkpoints" / "last.ckpt")
+    moved = pretrain_cfg(tmp_path / "moved")
+    assert moved.task.data_dir == str(tmp_path / "moved")
+    check_resumable(moved, run / "checkpoints" / "last.ckpt")
+    with open_dict(moved):
+        moved.task.data_dir = str(tmp_path / "set by hand")  # a setting of its own: still refused
+    with pytest.raises(PipelineConfigError, match="task.data_dir="):
+        check_resumable(moved, run / "checkpoints" / "last.ckpt")
+
+
 def test_a_corrupt_checkpoint_is_named_by_its_key_before_anything_is_written(make_cfg, tmp_path: Path) -> None:
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"not a checkpoint at all" * 10)
