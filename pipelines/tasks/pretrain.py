@@ -59,14 +59,6 @@ def validate(cfg: DictConfig) -> None:
             f"{t.vocab_size}; leave model.vocab_size at ${{task.vocab_size}}"
         )
     check_position_range(mc, *positions_needed(t))
-    if t.corpus == "stream":
-        from tape.data.streaming import check_text_source
-
-        tokenizer_dir(t)
-        try:
-            check_text_source(str(t.text_source))
-        except FileNotFoundError as err:
-            raise PipelineConfigError(str(err)) from None
 
 
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
@@ -180,8 +172,13 @@ def datamodule(cfg: DictConfig) -> TextDataModule:
             return TokenBlockStream(train, seq_len, batch_size, cfg.seed, rank=rank, start=start)
 
         return TextDataModule(blocks, data.tokens("books_heldout"), **common)
-    from tape.data.streaming import PackedTextStream, open_text_stream
+    from tape.data.streaming import PackedTextStream, check_text_source, open_text_stream
 
+    tokenizer_dir(t)
+    try:  # every split readable, or one message now (not after the hub client's retries)
+        check_text_source(str(t.text_source))
+    except FileNotFoundError as err:
+        raise PipelineConfigError(str(err)) from None
     tok = hf_tokenizer(t)
     encode = partial(tok.encode, add_special_tokens=False)
     source = open_text_stream(str(t.text_source), split="train")  # fails now, before training
