@@ -24,6 +24,7 @@ from pipelines.hydra_conf import instantiate_group
 from pipelines.logs import job_log_name, quiet_known_noise, start_log_file
 from pipelines.models import module_hparams
 from pipelines.precision import eval_autocast, evaluation_precision
+from pipelines.run_history import RunHistory
 from pipelines.preflight import check_run_dir_new
 from pipelines.result_files import write_json_once
 from pipelines.resume import resolve_ckpt_path
@@ -88,7 +89,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     if ckpt is None:  # e.g. load pretrained weights
         task.initialize(module.model, cfg)
     loggers = wandb_log.open_loggers(cfg, ckpt)  # W&B: full config; a resume continues its run
-    callbacks = instantiate_group(cfg.get("callbacks")) + list(extra_callbacks)
+    history = RunHistory()  # time and validations so far, carried by checkpoints into a resume
+    callbacks = instantiate_group(cfg.get("callbacks")) + [history, *extra_callbacks]
     if not loggers:  # LearningRateMonitor refuses to run without a logger
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     trainer: L.Trainer = hydra.utils.instantiate(cfg.trainer, logger=loggers or False,
@@ -106,7 +108,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     metrics: dict[str, Any] = {
         "task": cfg.task.name, "pe": cfg.pe.name, "scale": cfg.scale, "seed": cfg.seed,
         "experiment": cfg.experiment_name, "steps": trainer.global_step,
-        "n_params": module.model.num_parameters(), "train_time_s": train_time,
+        "n_params": module.model.num_parameters(), "train_time_s": history.earlier_s + train_time,
         "resumed_from": str(ckpt) if ckpt else None,
     }
     metrics.update({k.replace("/", "_"): float(v) for k, v in trainer.callback_metrics.items()

@@ -106,6 +106,33 @@ def test_resume_equals_uninterrupted(make_cfg, tmp_path: Path) -> None:
         train(make_cfg("pe=rope", "ckpt_path=last", name="x"))
 
 
+def _val_rows(run: Path) -> dict[int, float]:
+    with open(run / "csv" / "metrics.csv") as f:
+        return {int(r["step"]): float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")}
+
+
+def test_a_resumed_run_keeps_the_best_checkpoint_curve_and_time(make_cfg, tmp_path: Path) -> None:
+    """A resume writes a new directory: its best-*.ckpt was the best of its own validations only
+    (Lightning drops the score when the directory changes), its CSV held only the validations
+    after the resume (the claims' steps_to read it) and train_time_s only its own part."""
+    common = ("pe=rope", "trainer.max_steps=12", "trainer.val_check_interval=3", "optim.lr=1.0",
+              "optim.schedule=constant", "logger=csv", "evaluate=false")
+    train(make_cfg(*common, runs_dir=tmp_path / "other"))
+    full = tmp_path / "other/addition/smoke/rope/0/run"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*common, name="killed"), extra_callbacks=[Kill(at_step=4)])
+    killed = tmp_path / "runs/addition/smoke/rope/0/killed"
+    before = torch.load(killed / "checkpoints/last.ckpt", weights_only=False)["callbacks"]["RunHistory"]
+    resumed = train(make_cfg(*common, "ckpt_path=last", name="resumed"))
+    run = tmp_path / "runs/addition/smoke/rope/0/resumed"
+    curve = _val_rows(full)
+    assert min(curve, key=curve.get) == 2  # logged at step 2 (after 3 steps): before the resume
+    assert _val_rows(run) == curve
+    assert [p.name for p in (run / "checkpoints").glob("best-*.ckpt")] == \
+        [p.name for p in (full / "checkpoints").glob("best-*.ckpt")] == ["best-step3.ckpt"]
+    assert resumed["train_time_s"] > before["train_time_s"] > 0
+
+
 def test_default_logger_is_wandb_offline_plus_csv_and_is_closed_on_failure(make_cfg) -> None:
     import wandb
 
