@@ -24,7 +24,6 @@ from pipelines.hydra_conf import instantiate_group
 from pipelines.logs import job_log_name, quiet_known_noise, start_log_file
 from pipelines.models import module_hparams
 from pipelines.precision import eval_autocast, evaluation_precision
-from pipelines.run_history import RunHistory
 from pipelines.preflight import check_run_dir_new
 from pipelines.result_files import write_json_once
 from pipelines.resume import resolve_ckpt_path
@@ -78,6 +77,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
 
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
     from lightning.pytorch.callbacks import LearningRateMonitor
+
+    from pipelines.run_history import RunHistory
 
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = task.datamodule(cfg)  # finds (or builds) the data: missing data fails here
