@@ -94,5 +94,11 @@ def check_accelerator(trainer: DictConfig) -> None:
                 f"trainer.devices={devices}: this machine has {n} GPU(s) (indices 0..{n - 1}); "
                 "pick with trainer.devices=[i] or CUDA_VISIBLE_DEVICES"
             )
+    elif (str(OmegaConf.select(trainer, "strategy._target_", default="")).endswith("FSDPStrategy")
+          and not (acc == "auto" and torch.cuda.is_available())):
+        raise PipelineConfigError(
+            f"trainer=fsdp shards over GPUs only (Lightning refuses trainer.accelerator={acc}); on a "
+            "CPU use trainer=ddp trainer.accelerator=cpu trainer.devices=2 (gloo), or run on GPUs"
+        )
     elif acc == "mps" and not (torch.backends.mps.is_available()):
         raise PipelineConfigError("trainer.accelerator=mps but MPS is not available; use trainer=cpu")

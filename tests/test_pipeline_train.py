@@ -289,6 +289,15 @@ def test_gpu_checks_by_their_decisions_with_a_faked_device_count(monkeypatch) ->
         check_accelerator(OmegaConf.create({"accelerator": "gpu", "devices": [2]}))
 
 
+def test_fsdp_on_a_cpu_is_refused_before_the_run_dir_is_claimed(make_cfg) -> None:
+    """Lightning refused it inside the Trainer, after the run directory was claimed (two
+    tracebacks and a failed run directory left behind)."""
+    cfg = make_cfg("trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2")
+    with pytest.raises(PipelineConfigError, match="trainer=fsdp shards over GPUs only .* trainer=ddp"):
+        train(cfg)
+    assert not Path(cfg.paths.output_dir).exists()
+
+
 def test_a_run_ends_with_a_summary_of_its_headline_metrics(make_cfg, capsys) -> None:
     cfg = make_cfg("pe=nope")
     metrics = train(cfg)
