@@ -518,6 +518,14 @@ def test_a_table_row_is_the_presets_own_setting_not_a_claim_arm_of_as_many_seeds
     assert tape_row(tmp_path / "newest") == 85.0
     assert tape_row(tmp_path / "preset", preset=preset) == 15.0
     assert ("addition/smoke", "tape") in presets
+    # runs.csv says what the table did (it marked the preset's own runs "apart"), and the wall
+    # time of the runs used counts every run the report shows, pooled or apart
+    used = {(r["seed"], r["run_dir"][-6:]): r["used"] for r in csv.DictReader(open(tmp_path / "preset/runs.csv"))}
+    assert used[("0", "aaaaaa")] == used[("1", "aaaaaa")] == "yes"
+    assert used[("0", "bbbbbb")].startswith("apart: trainer.max_steps=600")
+    walls = [float(json.loads(p.read_text())["wall_time_s"]) for p in runs.rglob("metrics.json")]
+    summary = read_csv(tmp_path / "preset/tables/runs_summary.csv")["addition/smoke"]
+    assert float(summary["wall time of the runs used (min)"]) == round(sum(walls) / 60, 1)
 
 
 def test_the_preset_setting_is_conf_composed_without_overrides() -> None:

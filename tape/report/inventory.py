@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from tape.report.groups import group_by
+from tape.report.groups import Preset, group_by
 from tape.report.runs import Run
 from tape.report.tables import Table
 
@@ -17,10 +17,11 @@ FIELDS = ["experiment", "task", "scale", "pe", "seed", "status", "used", "wall_t
           "commit", "machine"]
 
 
-def usage(runs: list[Run]) -> dict[int, str]:
+def usage(runs: list[Run], preset: Preset | None = None) -> dict[int, str]:
     """id(run) -> how the tables use it: "yes" (pooled), "apart: <differing keys>" (a row of
-    its own, see tape.report.groups.group_by); runs not in the map are not used."""
-    groups = group_by(runs, lambda r: f"{r.experiment}\t{r.pe}")
+    its own, see tape.report.groups.group_by, which with the tables' ``preset`` pools the
+    preset's setting); runs not in the map are not used."""
+    groups = group_by(runs, lambda r: f"{r.experiment}\t{r.method}", preset=preset)
     return {id(r): f"apart: {g.differs}" if g.differs else "yes"
             for g in groups.values() for r in g.finished}
 
@@ -36,9 +37,9 @@ def status(run: Run, used: dict[int, str], scales: Iterable[str]) -> tuple[str, 
     return "finished", used.get(id(run), "no: superseded by a newer run of this seed and setting")
 
 
-def inventory_csv(runs: list[Run], scales: Iterable[str], runs_root: Path) -> str:
+def inventory_csv(runs: list[Run], scales: Iterable[str], runs_root: Path, preset: Preset | None = None) -> str:
     """One CSV row per run directory (paths relative to the runs folder's parent)."""
-    used = usage(runs)
+    used = usage(runs, preset)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(FIELDS)
@@ -58,10 +59,11 @@ def _relative(path: Path, base: Path) -> str:
         return path.as_posix()
 
 
-def summary_table(runs: list[Run], scales: Iterable[str], stamp: str) -> Table:
-    """Per experiment: finished / unfinished runs, PEs and total wall time of the runs used."""
+def summary_table(runs: list[Run], scales: Iterable[str], stamp: str, preset: Preset | None = None) -> Table:
+    """Per experiment: finished / unfinished runs, PEs and total wall time of the runs used
+    (pooled or shown apart: every run whose numbers the report shows)."""
     scales = list(scales)
-    used = {i for i, how in usage(runs).items() if how == "yes"}
+    used = set(usage(runs, preset))
     per: dict[str, dict] = defaultdict(lambda: {"finished": 0, "unfinished": 0, "pes": set(), "wall": 0.0,
                                                 "scale": ""})
     for r in runs:

@@ -239,7 +239,7 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
     claims_section = claims.build(ctx)
     sections.insert(0, claims_section)  # issue 15: the Claims section opens the report
     written: list[Path] = []
-    inventory = summary_table(runs, chosen, stamp)
+    inventory = summary_table(runs, chosen, stamp, preset)
     if carried:
         inventory.notes.append("Carried over from the previous render (runs not on this machine): "
                                + ", ".join(c.experiment for c in carried) + ". Their rows stay in "
@@ -251,7 +251,7 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
         for stem, text in section.extra_csv.items():
             _write(ctx.tables_dir / f"{stem}.csv", text, written)
         written += [out_dir / f.path for f in section.figures]
-    listed = inventory_csv(runs, chosen, runs_dir)
+    listed = inventory_csv(runs, chosen, runs_dir, preset)
     _write(out_dir / "runs.csv", listed + _carried_rows(carried, listed), written)
     command = f"python -m pipelines.report --runs {runs_dir} --out {out_dir}"
     command += " --carry-over" if carry_over else ""
