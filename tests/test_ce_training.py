@@ -202,3 +202,54 @@ def test_full_weights_through_the_checkpoint_path_equal_the_trained_module(tmp_p
     trained = module.model.state_dict()
     for k, v in full.state_dict().items():
         assert torch.equal(v, trained[k]), k
+
+
+def _random_tape_llama() -> torch.nn.Module:
+    """A 2-layer grouped-query TAPE Llama whose TAPE maps are random (E moves), seeded."""
+    from tape.hf.llama import add_tape
+
+    model = add_tape(build_llama(V, 32, 64, 2, 4, 2, N, seed=0))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".pe." in name:
+                p.normal_(0, 0.1)
+    return model
+
+
+def _sharded_tape_llama(rank: int, world: int, store: str, out: str) -> None:
+    """One process of a 2-process FSDP (gloo, FULL_SHARD, the trainer=fsdp wrap policy) run of a
+    TAPE Llama with random TAPE maps: its logits and gradient norm, saved by rank 0."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        model = _random_tape_llama()
+        policy = instantiate(compose_config("config", ["trainer=fsdp"]).trainer.strategy.auto_wrap_policy)
+        wrapped = FSDP(model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu"))
+        ids = batches(0)["input_ids"]
+        logits = wrapped(input_ids=ids).logits
+        logits.float().square().mean().backward()
+        norm = wrapped.clip_grad_norm_(1e9)
+        if rank == 0:
+            torch.save({"logits": logits.detach(), "norm": norm}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_tape_llama_trains_sharded_over_two_processes(tmp_path):
+    """TapeLlamaModel called the parts of each decoder layer (an FSDP unit) directly, so with
+    weights sharded over two processes the TAPE recipe failed in its first step."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "sharded.pt"
+    mp.spawn(_sharded_tape_llama, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    model = _random_tape_llama()
+    ids = batches(0)["input_ids"]
+    logits = model(input_ids=ids).logits
+    logits.float().square().mean().backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+    sharded = torch.load(out)
+    torch.testing.assert_close(sharded["logits"], logits.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sharded["norm"], norm, atol=1e-5, rtol=1e-5)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LlamaModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from tape.model.cache import KVCache
@@ -93,10 +94,34 @@ def _init_tape_layer(pe: TAPELayer, std: float) -> None:
     pe.init_weights(std)
 
 
+class TapeDecoderLayer(LlamaDecoderLayer):
+    """A Llama decoder layer with TAPE's maps (``pe``), run through its own call: a shard unit
+    of FSDP (one per decoder layer) gathers its weights only when the layer itself is called.
+    Hugging Face's gradient-checkpointing call is bypassed: TapeLlamaModel checkpoints layers."""
+
+    __call__ = nn.Module.__call__
+    pe: TAPELayer
+
+    def forward(self, x: Tensor, state: PositionState, mask: Tensor | None, cache: KVCache | None,
+                idx: int, cfg: ModelConfig) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        """x (B, N, C), state (E in state.rot) -> (x after the layer, E after its update)."""
+        attn_out, extra_out = attention_forward(
+            self.self_attn, self.input_layernorm(x), self.pe, state, mask, cache, idx,
+            heads=(cfg.n_heads, cfg.kv_heads, cfg.head_dim), backend=cfg.attn_backend,
+            fuse=cfg.pe_options.get("tape_fused"),
+        )
+        x = x + attn_out
+        state = self.pe.after_attention(state, extra_out)
+        m = self.mlp(self.post_attention_layernorm(x))
+        state = self.pe.after_mlp(state, m)
+        return x + m, state.rot
+
+
 def _attach_tape_layers(model: LlamaModel, cfg: ModelConfig) -> None:
     """Give every decoder layer its TAPE maps, initialised so that E stays the RoPE table."""
     ref = model.embed_tokens.weight
     for idx, layer in enumerate(model.layers):
+        layer.__class__ = TapeDecoderLayer  # same parameters and names, TAPE's forward
         pe = TAPELayer(cfg, pe_registry.options(cfg), updates_e=idx < cfg.n_layers - 1)
         _init_tape_layer(pe, cfg.init_std)
         layer.pe = pe.to(device=ref.device, dtype=ref.dtype)
@@ -119,18 +144,8 @@ class TapeLlamaModel(LlamaModel):
         return self
 
     def _layer(self, idx: int, x: Tensor, rot: Tensor, state: PositionState, mask, cache):
-        layer, cfg = self.layers[idx], self.tape_cfg
         state = state if state.rot is rot else state.with_rot(rot)
-        attn_out, extra_out = attention_forward(
-            layer.self_attn, layer.input_layernorm(x), layer.pe, state, mask, cache, idx,
-            heads=(cfg.n_heads, cfg.kv_heads, cfg.head_dim), backend=cfg.attn_backend,
-            fuse=cfg.pe_options.get("tape_fused"),
-        )
-        x = x + attn_out
-        state = layer.pe.after_attention(state, extra_out)
-        m = layer.mlp(layer.post_attention_layernorm(x))
-        state = layer.pe.after_mlp(state, m)
-        return x + m, state.rot
+        return self.layers[idx](x, state, mask, cache, idx, self.tape_cfg)
 
     def forward(
         self,
