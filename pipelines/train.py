@@ -31,6 +31,7 @@ from pipelines.run_dirs import claim_run_dir, is_rank_zero
 from pipelines import tasks
 
 if TYPE_CHECKING:  # torch and Lightning are imported after the config checks (a typo reports fast)
+    import lightning as L
     from lightning.pytorch.callbacks import Callback
 
     from tape.lightning import CausalLMModule
@@ -103,19 +104,20 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     train_time = time.perf_counter() - t_fit
     if trainer.interrupted:
         raise RuntimeError("training was interrupted; resume it with ckpt_path=last")
+    model = _full_model(trainer, module, cfg, run_dir)  # collective under FSDP
     if not trainer.is_global_zero:
         return {}
 
     metrics: dict[str, Any] = {
         "task": cfg.task.name, "pe": cfg.pe.name, "scale": cfg.scale, "seed": cfg.seed,
         "experiment": cfg.experiment_name, "steps": trainer.global_step,
-        "n_params": module.model.num_parameters(), "train_time_s": history.earlier_s + train_time,
+        "n_params": model.num_parameters(), "train_time_s": history.earlier_s + train_time,
         "resumed_from": str(ckpt) if ckpt else None,
     }
     metrics.update({k.replace("/", "_"): float(v) for k, v in trainer.callback_metrics.items()
                     if k.startswith("val/")})
     if cfg.evaluate:  # at eval_precision, else the precision it trained with
-        model = module.model.to(trainer.strategy.root_device)
+        model = model.to(trainer.strategy.root_device)
         with eval_autocast(trainer.strategy.root_device.type, evaluation_precision(cfg)):
             metrics.update(task.evaluate(model, cfg.task, run_dir, f"{cfg.pe.name} seed {cfg.seed}"))
     metrics["wall_time_s"] = time.perf_counter() - t_start
@@ -126,6 +128,26 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
         lg.finalize("success")
     write_json_once(run_dir / "metrics.json", metrics)
     return metrics
+
+
+def _sharded(trainer: L.Trainer) -> bool:
+    """Each process holds only shards of the weights (FSDP over several processes)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return isinstance(trainer.strategy, FSDPStrategy) and trainer.world_size > 1
+
+
+def _full_model(trainer: L.Trainer, module: CausalLMModule, cfg: DictConfig, run_dir: Path) -> Any:
+    """The trained DecoderLM with full weights on rank 0 (None elsewhere). Sharded, each process
+    holds flat shards: they are gathered through a full checkpoint (evaluated a shard, it failed)."""
+    from tape.lightning.distributed import trained_model
+
+    sharded = _sharded(trainer)
+    path = run_dir / "checkpoints" / "gathered.ckpt"
+    model = trained_model(trainer, module, lambda: build_module(cfg).model, path, through_checkpoint=sharded)
+    if sharded and trainer.is_global_zero:
+        path.unlink()  # the weights of last.ckpt, gathered for evaluation only
+    return model
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

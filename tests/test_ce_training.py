@@ -14,10 +14,11 @@ from hydra.utils import instantiate
 
 pytest.importorskip("transformers")
 from conftest import compose_config  # noqa: E402
-from pipelines.tasks.context_extension.stages import set_dtypes, trained_model  # noqa: E402
+from pipelines.tasks.context_extension.stages import set_dtypes  # noqa: E402
 from tape.hf.io import build_llama, load_model, save_model  # noqa: E402
 from tape.hf.recipes import apply_recipe  # noqa: E402
 from tape.lightning import HFCausalLMModule, IndexedBatchDataModule  # noqa: E402
+from tape.lightning.distributed import trained_model  # noqa: E402
 
 V, N = 64, 32
 NAMED = {  # the presets' named recipes (conf/task/context_extension.yaml)
@@ -196,7 +197,7 @@ def test_full_weights_through_the_checkpoint_path_equal_the_trained_module(tmp_p
     model = build(base_dir, "tape_mix", torch.float32)
     trainer = fit(model, steps=2, lr=1e-3, precision="32-true", root=tmp_path)
     module = trainer.lightning_module
-    full = trained_model(trainer, module, lambda: build(base_dir, "tape_mix", torch.float32), tmp_path,
+    full = trained_model(trainer, module, lambda: build(base_dir, "tape_mix", torch.float32), tmp_path / "full.ckpt",
                          through_checkpoint=True)
     assert full is not module.model
     trained = module.model.state_dict()

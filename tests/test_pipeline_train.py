@@ -289,6 +289,21 @@ def test_gpu_checks_by_their_decisions_with_a_faked_device_count(monkeypatch) ->
         check_accelerator(OmegaConf.create({"accelerator": "gpu", "devices": [2]}))
 
 
+def test_a_sharded_run_evaluates_and_counts_the_gathered_full_model(make_cfg, monkeypatch) -> None:
+    """Under FSDP over two processes rank 0 evaluated its flat shards ('weight' must be 2-D) and
+    counted half the parameters. The gathering path, forced on one process, gives the run's own
+    numbers and leaves no extra checkpoint."""
+    import pipelines.train as train_mod
+
+    plain = train(make_cfg("pe=tape", name="plain"))
+    monkeypatch.setattr(train_mod, "_sharded", lambda trainer: True)
+    cfg = make_cfg("pe=tape", name="gathered")
+    gathered = train(cfg)
+    for key in ("n_params", *SUMMARY, "val_loss"):
+        assert gathered[key] == plain[key], key
+    assert not (Path(cfg.paths.output_dir) / "checkpoints" / "gathered.ckpt").exists()
+
+
 def test_fsdp_on_a_cpu_is_refused_before_the_run_dir_is_claimed(make_cfg) -> None:
     """Lightning refused it inside the Trainer, after the run directory was claimed (two
     tracebacks and a failed run directory left behind)."""

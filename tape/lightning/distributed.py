@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
 import lightning as L
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
+from torch import nn
 from torch.distributed.fsdp import MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -47,3 +49,26 @@ def import_class(path: str) -> type:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as err:
         raise ValueError(f"auto_wrap_policy: cannot import {path!r}: {err}") from None
+
+
+def trained_model(trainer: L.Trainer, module: L.LightningModule, build: Callable[[], nn.Module],
+                  path: Path, through_checkpoint: bool | None = None) -> nn.Module | None:
+    """The trained ``module.model`` with full weights on rank 0 (None on the other ranks). Under
+    FSDP each rank holds shards only: the full state dict is gathered into the checkpoint file
+    ``path`` (the preset's state_dict_type=full; a collective call) and loaded into ``build()``
+    (``through_checkpoint`` forces that path)."""
+    if through_checkpoint is None:
+        through_checkpoint = isinstance(trainer.strategy, FSDPStrategy)
+    if not through_checkpoint:
+        return module.model if trainer.is_global_zero else None
+    trainer.save_checkpoint(path, weights_only=True)  # collective: rank 0 writes full weights
+    if not trainer.is_global_zero:
+        return None
+    model = build()
+    state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    missing, unexpected = model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()},
+                                                strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"the gathered checkpoint does not fit the rebuilt model: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
+    return model

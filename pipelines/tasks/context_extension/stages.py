@@ -32,7 +32,6 @@ import hydra
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies import FSDPStrategy
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
@@ -44,6 +43,7 @@ from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
 from tape.data.passkey import garbage_for_tokens
 from tape.hf.io import DTYPES, build_llama, enable_checkpointing, is_saved_model, load_model, save_model
 from tape.lightning import HFCausalLMModule, IndexedBatchDataModule
+from tape.lightning.distributed import trained_model
 
 log = logging.getLogger("pipelines.context_extension")
 # model.* keys that shape the base model (the shared model block of conf/config.yaml is ignored)
@@ -119,30 +119,6 @@ def make_trainer(cfg: DictConfig, section: DictConfig, work: Path, loggers: list
         logger=loggers or False, callbacks=[checkpoint, OneLineModelSummary()])
 
 
-def trained_model(trainer: L.Trainer, module: HFCausalLMModule, build: Callable[[], nn.Module],
-                  work: Path, through_checkpoint: bool | None = None) -> nn.Module | None:
-    """The trained model with full weights on rank 0 (None on the other ranks). Under FSDP each
-    rank holds shards only: the full state dict is gathered into a checkpoint (the preset's
-    state_dict_type=full) and loaded into a freshly built model (``through_checkpoint`` forces
-    that path)."""
-    if through_checkpoint is None:
-        through_checkpoint = isinstance(trainer.strategy, FSDPStrategy)
-    if not through_checkpoint:
-        return module.model if trainer.is_global_zero else None
-    path = work / "full.ckpt"
-    trainer.save_checkpoint(path, weights_only=True)  # collective: rank 0 writes full weights
-    if not trainer.is_global_zero:
-        return None
-    model = build()
-    state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
-    missing, unexpected = model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()},
-                                                strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"the gathered checkpoint does not fit the rebuilt model: missing {missing[:3]}, "
-                           f"unexpected {unexpected[:3]}")
-    return model
-
-
 def train_stage(cfg: DictConfig, name: str, build: Callable[[], nn.Module], section: DictConfig,
                 seq_len: int, garbage: tuple[int, int], data: ExtensionData, path: Path,
                 meta: dict[str, Any], loggers: list[Any]) -> dict[str, Any]:
@@ -177,7 +153,7 @@ def train_stage(cfg: DictConfig, name: str, build: Callable[[], nn.Module], sect
     info = {**meta, "train": stats, "trainable_params": trainable, "n_params": n_params, "stage_time_s": elapsed,
             "resumed_from": str(resume) if resume else None, "world_size": trainer.world_size, "reused": False,
             "history": module.history}
-    full = trained_model(trainer, module, build, work)
+    full = trained_model(trainer, module, build, work / "full.ckpt")
     if full is not None:
         save_model(full, path, info, replace=not cfg.reuse_models)
         shutil.rmtree(work, ignore_errors=True)
