@@ -125,6 +125,8 @@ def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
+    from tape.hf.llama import TapeDecoderLayer
+
     from tape.model import DecoderLM, ModelConfig
     from tape.model.decoder import Block
 
@@ -140,8 +142,9 @@ def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     try:
         ours = DecoderLM(ModelConfig(vocab_size=V, n_layers=3, d_model=32, n_heads=2, max_seq_len=N, pe="tape"))
-        hf = build(base_dir, "tape_mix", torch.float32)
-        for model, layer_type, n_layers in ((ours, Block, 3), (hf, LlamaDecoderLayer, 2)):
+        tape_llama, lora_llama = build(base_dir, "tape_mix", torch.float32), build(base_dir, "lora", torch.float32)
+        for model, layer_type, n_layers in ((ours, Block, 3), (tape_llama, TapeDecoderLayer, 2),
+                                            (lora_llama, LlamaDecoderLayer, 2)):
             keys = set(model.state_dict())
             wrapped = FSDP(model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu"),
                            mixed_precision=precision)
@@ -157,9 +160,9 @@ def test_fsdp_preset_wraps_decoder_blocks_and_steps(base_dir):
             torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V).float(), ids[:, 1:].reshape(-1)).backward()
             assert {p.dtype for p in wrapped.parameters()} == {torch.float32}
             assert {b.dtype for b in wrapped.buffers() if b.is_floating_point()} <= {torch.float32}
-            if model is hf:  # HF Llama's rotary frequencies: bf16 would put radians of error at 8k
+            if model is not ours:  # HF Llama's rotary frequencies: bf16 would put radians of error at 8k
                 assert any("inv_freq" in n for n, _ in wrapped.named_buffers())
-            clip_under(strategy, wrapped, opt, 1e-3, HFCausalLMModule if model is hf else None)
+            clip_under(strategy, wrapped, opt, 1e-3, None if model is ours else HFCausalLMModule)
             opt.step()
             assert all(not torch.equal(b, p.detach()) for b, p in zip(before, params) if p.grad is not None)
             assert sum(p.grad is not None for p in params) > 0.9 * len(params)

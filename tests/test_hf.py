@@ -166,21 +166,23 @@ def test_tape_llama_cached_generation_matches_recomputation(kv, dtype, atol):
     assert torch.equal(a, b) and torch.allclose(la, lb, atol=atol, rtol=0)
 
 
-def test_activation_checkpointing_recomputes_layers_and_keeps_gradients():
-    grads, calls = [], []
+@pytest.mark.parametrize("how", ["ours", "hf_reentrant"])
+def test_activation_checkpointing_recomputes_layers_and_keeps_gradients(how):
+    """Layers run once more in backward, whoever enables checkpointing: a TAPE layer that was
+    HF's checkpointing layer was checkpointed twice in transformers 5.23, and failed in
+    backward with the reentrant variant that HF and peft setups pass."""
+    grads, calls, count = [], [], [0]
     for ckpt in (False, True):
         model = add_tape(tiny_llama(2))
         _randomize_tape(model)
         model.train()
-        if ckpt:
+        for layer in model.model.layers:  # a layer's q projection runs once per layer call
+            layer.self_attn.q_proj.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+        if ckpt and how == "ours":
             enable_checkpointing(model)  # transformers 5.17 (the GPU image) and 5.23
-        count, layer_fn = [0], model.model._layer
-
-        def counted(*args, _fn=layer_fn, _count=count):
-            _count[0] += 1
-            return _fn(*args)
-
-        model.model._layer = counted
+        elif ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        count[0] = 0
         ids = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
         model(input_ids=ids, labels=ids).loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))

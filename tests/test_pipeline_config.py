@@ -112,11 +112,12 @@ def test_trainer_presets_compose(trainer: str) -> None:
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
+        from tape.hf.llama import TapeDecoderLayer
         from tape.model.decoder import Block
 
         policy = instantiate(cfg.trainer.strategy).kwargs["auto_wrap_policy"]
         assert isinstance(policy, ModuleWrapPolicy)  # one FSDP unit per decoder block
-        assert policy._module_classes == {Block, LlamaDecoderLayer}
+        assert policy._module_classes == {Block, LlamaDecoderLayer, TapeDecoderLayer}
 
 
 def test_logger_choices() -> None:

@@ -26,7 +26,6 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, LlamaModel
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from tape.model.cache import KVCache
@@ -94,12 +93,17 @@ def _init_tape_layer(pe: TAPELayer, std: float) -> None:
     pe.init_weights(std)
 
 
-class TapeDecoderLayer(LlamaDecoderLayer):
-    """A Llama decoder layer with TAPE's maps (``pe``), run through its own call: a shard unit
-    of FSDP (one per decoder layer) gathers its weights only when the layer itself is called.
-    Hugging Face's gradient-checkpointing call is bypassed: TapeLlamaModel checkpoints layers."""
+class TapeDecoderLayer(nn.Module):
+    """A Llama decoder layer (HF's LlamaDecoderLayer, converted in place: the same submodules and
+    parameter names) plus TAPE's maps ``pe``, run through its own call: a shard unit of FSDP
+    gathers its weights only when the layer itself is called. Not a subclass of HF's layer, whose
+    gradient-checkpointing hooks (on ``__call__`` in transformers 5.17, on ``forward`` in 5.23)
+    would checkpoint again inside TapeLlamaModel's own checkpointing."""
 
-    __call__ = nn.Module.__call__
+    self_attn: nn.Module
+    mlp: nn.Module
+    input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
     pe: TAPELayer
 
     def forward(self, x: Tensor, state: PositionState, mask: Tensor | None, cache: KVCache | None,
@@ -121,7 +125,7 @@ def _attach_tape_layers(model: LlamaModel, cfg: ModelConfig) -> None:
     """Give every decoder layer its TAPE maps, initialised so that E stays the RoPE table."""
     ref = model.embed_tokens.weight
     for idx, layer in enumerate(model.layers):
-        layer.__class__ = TapeDecoderLayer  # same parameters and names, TAPE's forward
+        layer.__class__ = TapeDecoderLayer  # same submodules and names, TAPE's forward
         pe = TAPELayer(cfg, pe_registry.options(cfg), updates_e=idx < cfg.n_layers - 1)
         _init_tape_layer(pe, cfg.init_std)
         layer.pe = pe.to(device=ref.device, dtype=ref.dtype)
@@ -196,6 +200,7 @@ class TapeLlamaForCausalLM(LlamaForCausalLM):
     Llama directory it converts the model, TAPE starting at identity."""
 
     config_class = TapeLlamaConfig
+    _no_split_modules = ["TapeDecoderLayer"]  # device_map="auto" keeps a layer on one device
 
     def __init__(self, config: Any) -> None:
         if not isinstance(config, TapeLlamaConfig):
