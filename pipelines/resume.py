@@ -77,6 +77,8 @@ def _hparam_differences(cfg: DictConfig, hparams: dict[str, Any]) -> dict[str, t
     if "model" in saved:
         saved["model"] = ModelConfig.from_dict(checkpoint_model(saved["model"])).to_dict()
     a, b = (flatten({k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}) for d in (now, saved))
+    if not (a.get("model.abacus") or b.get("model.abacus")):  # older checkpoints: digit ids null
+        a = {k: v for k, v in a.items() if not k.startswith("model.abacus_")}
     return {HPARAM_KEYS.get(k, k): (a[k], b[k]) for k in sorted(set(a) & set(b)) if a[k] != b[k]}
 
 

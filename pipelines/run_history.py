@@ -22,7 +22,20 @@ from lightning.pytorch.utilities import rank_zero_only
 class RunCheckpoint(ModelCheckpoint):
     """ModelCheckpoint whose best survives a resume into another directory: Lightning then drops
     the best score, so the resumed run's best-*.ckpt was the best of its own validations only.
-    The earlier best checkpoint is copied in and its score kept (``save_top_k=1``)."""
+    The earlier best checkpoint is copied in and its score kept (``save_top_k=1``). And last.ckpt
+    is written at every validation: Lightning 2.6 writes it only where a best one is saved, so a
+    killed run went back to its last improvement (a resumed one, to the run it resumed)."""
+
+    @property
+    def state_key(self) -> str:
+        """ModelCheckpoint's key: checkpoints written before this class resume its state."""
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if (self.save_last and not self._should_skip_saving_checkpoint(trainer)
+                and not self._should_save_on_train_epoch_end(trainer)):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)

@@ -133,6 +133,29 @@ def test_a_resumed_run_keeps_the_best_checkpoint_curve_and_time(make_cfg, tmp_pa
     assert resumed["train_time_s"] > before["train_time_s"] > 0
 
 
+def test_last_ckpt_follows_every_validation_so_a_run_resumes_twice(make_cfg, tmp_path: Path) -> None:
+    """Lightning 2.6 writes last.ckpt only where it saves a best one: a run killed after a
+    validation that did not improve went back to its last improvement, and a resumed run that
+    had not improved on the earlier best left no last.ckpt at all."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from pipelines.run_history import RunCheckpoint
+
+    common = ("pe=rope", "trainer.max_steps=12", "trainer.val_check_interval=3", "optim.lr=1.0",
+              "optim.schedule=constant", "logger=csv", "evaluate=false")
+    runs = tmp_path / "runs/addition/smoke/rope/0"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*common, name="a"), extra_callbacks=[Kill(at_step=7)])
+    assert torch.load(runs / "a/checkpoints/last.ckpt", weights_only=False)["global_step"] == 6
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_cfg(*common, "ckpt_path=last", name="b"), extra_callbacks=[Kill(at_step=10)])
+    assert torch.load(runs / "b/checkpoints/last.ckpt", weights_only=False)["global_step"] == 9
+    done = train(make_cfg(*common, "ckpt_path=last", name="c"))
+    assert done["resumed_from"] == str(runs / "b/checkpoints/last.ckpt") and done["steps"] == 12
+    args = dict(dirpath=tmp_path, monitor="val/loss", mode="min", save_top_k=1, save_last=True)
+    assert RunCheckpoint(**args).state_key == ModelCheckpoint(**args).state_key  # older checkpoints resume
+
+
 def test_default_logger_is_wandb_offline_plus_csv_and_is_closed_on_failure(make_cfg) -> None:
     import wandb
 
@@ -223,6 +246,9 @@ def test_a_checkpoint_moved_out_of_its_run_is_checked_by_what_it_recorded(make_c
         with pytest.raises(PipelineConfigError, match=named):
             train(cfg)
         assert not Path(cfg.paths.output_dir).exists()
+    state = torch.load(loose, weights_only=False)
+    state["hyper_parameters"]["model"]["abacus_digit_ids"] = None  # as checkpoints before 2026-11-27
+    torch.save(state, loose)
     assert train(make_cfg(*common, f"ckpt_path={loose}", name="resumed"))["steps"] == 6
 
 
