@@ -13,6 +13,7 @@ tokenizer and its held-out text. Three kinds of directory:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -39,7 +40,7 @@ def find_checkpoint(run_dir: Path, which: str) -> Path:
         found = sorted(ckpt_dir.glob("best-*.ckpt"))
     else:
         found = [Path(which)]
-        if not found[0].resolve().is_relative_to(run_dir.resolve()):
+        if not _inside(found[0], run_dir):
             raise PipelineConfigError(
                 f"ckpt={which} is not a checkpoint of run_dir={run_dir}, and its evaluation would be "
                 f"filed as that run's; pass ckpt=last, ckpt=best or a .ckpt under {ckpt_dir}, or the "
@@ -52,6 +53,14 @@ def find_checkpoint(run_dir: Path, which: str) -> Path:
             ".ckpt path (was the run trained with callbacks=default?)"
         )
     return found[-1]
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """``path`` lies under ``folder``, as written (a symlinked checkpoints/ counts) or resolved."""
+    def written(p: Path) -> Path:
+        return Path(os.path.normpath(p.absolute()))
+
+    return written(path).is_relative_to(written(folder)) or path.resolve().is_relative_to(folder.resolve())
 
 
 def checkpoint_model(values: dict[str, Any]) -> dict[str, Any]:

@@ -333,6 +333,12 @@ def test_another_runs_checkpoint_is_not_filed_as_this_runs_evaluation(pretrained
     with pytest.raises(PipelineConfigError, match=r"ckpt=.*elsewhere\.ckpt is not a checkpoint of run_dir="):
         run_eval(pretrained, f"ckpt={loose}", name="loose")
     assert not (pretrained / "eval" / "loose").exists()
+    linked = tmp_path / "linked-run"  # a run whose checkpoints/ is a link elsewhere is still its own
+    linked.mkdir()
+    for name in ("config.yaml", "metrics.json"):
+        (linked / name).write_bytes((pretrained / name).read_bytes())
+    (linked / "checkpoints").symlink_to(pretrained / "checkpoints")
+    assert run_eval(linked, f"ckpt={linked / 'checkpoints' / 'last.ckpt'}", name="linked")["steps"] > 0
 
 
 def test_perplexity_names_its_protocol_and_reproduces_the_runs_own_number(pretrained: Path) -> None:
