@@ -66,6 +66,7 @@ def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
             f.write(f"# cwd: {os.getcwd()}\n# commit: {commit_label(REPO_ROOT)}\n# time: {time.ctime()}\n")
             f.write(f"# machine: {machine_summary()}\n")
             f.write(f"# threads: {torch_threads()}\n")  # CPU results depend on it (docs/reproduction.md)
+            f.write(f"# versions: {stack_versions()}\n")  # so does compiled code (tape/model/compiling.py)
     except FileExistsError:
         raise PipelineConfigError(
             f"hydra.run.dir={run_dir} already belongs to another run ({RUN_CLAIM} exists); runs "
@@ -76,6 +77,19 @@ def claim_run_dir(run_dir: Path, cfg: DictConfig, entry: str) -> None:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
     lock_run_dir(run_dir)  # released when the task ends (task_wrapper); stale after a crash
     record_hydra(run_dir, cfg)
+
+
+def stack_versions() -> str:
+    """Python and the libraries a run's numbers depend on: ``python 3.11.9, torch 2.13.0, ...``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = [f"python {sys.version.split()[0]}"]
+    for name in ("torch", "triton", "lightning", "transformers", "numpy"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(found)
 
 
 def torch_threads() -> int:

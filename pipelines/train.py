@@ -100,10 +100,15 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     t_fit = time.perf_counter()
     with warnings.catch_warnings():  # a resumed run checkpoints into its own directory, by design
         warnings.filterwarnings("ignore", message="The dirpath has changed from")
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+        except SystemExit:  # Lightning's answer to Ctrl-C: shut down, then sys.exit(1)
+            if not trainer.interrupted:
+                raise
     train_time = time.perf_counter() - t_fit
     if trainer.interrupted:
-        raise RuntimeError("training was interrupted; resume it with ckpt_path=last")
+        raise RuntimeError("training was interrupted; resume it with ckpt_path=last (from its last "
+                           "validation)")
     model = _full_model(trainer, module, cfg, run_dir)  # collective under FSDP
     if not trainer.is_global_zero:
         return {}

@@ -156,6 +156,21 @@ def test_last_ckpt_follows_every_validation_so_a_run_resumes_twice(make_cfg, tmp
     assert RunCheckpoint(**args).state_key == ModelCheckpoint(**args).state_key  # older checkpoints resume
 
 
+def test_ctrl_c_says_how_to_resume(make_cfg) -> None:
+    """Lightning answers Ctrl-C with sys.exit(1) after shutting down, so the run ended '(failed)'
+    without the hint that follows an interrupt."""
+    import signal
+
+    from pipelines.callbacks import InterruptAt
+
+    try:
+        with pytest.raises(RuntimeError, match="interrupted; resume it with ckpt_path=last"):
+            train(make_cfg("pe=rope", name="stopped"), extra_callbacks=[InterruptAt(step=4)])
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores it afterwards
+    assert train(make_cfg("pe=rope", "ckpt_path=last", name="resumed"))["steps"] == 6
+
+
 def test_default_logger_is_wandb_offline_plus_csv_and_is_closed_on_failure(make_cfg) -> None:
     import wandb
 
@@ -179,6 +194,7 @@ def test_a_run_directory_is_never_shared_or_overwritten(make_cfg, capsys) -> Non
     import torch
 
     assert recorded["threads"] == str(torch.get_num_threads())  # CPU results depend on it
+    assert recorded["versions"].startswith("python 3.") and f"torch {torch.__version__}" in recorded["versions"]
     with pytest.raises(PipelineConfigError, match="already belongs to another run"):
         train(cfg)  # same directory as a run that claimed it
     out = capsys.readouterr().out

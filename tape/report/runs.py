@@ -111,7 +111,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def read_command(path: Path) -> dict[str, str]:
     """command.txt: the job command on the first line, then ``# key: value`` lines."""
-    out = {"command": "", "launched_as": "", "commit": "", "time": "", "machine": "", "threads": ""}
+    out = {"command": "", "launched_as": "", "commit": "", "time": "", "machine": "", "threads": "", "versions": ""}
     try:
         lines = path.read_text().splitlines()
     except OSError:
