@@ -3,8 +3,9 @@
 Batches are dicts with ``input_ids`` (B, N) and ``labels`` (B, N); labels equal to IGNORE_INDEX
 (prompt, padding) do not count. Randomness inside a training step (RandPE's random positions)
 is reseeded from (seed, rank, batch index) at every batch, so a run resumed from a checkpoint
-replays exactly what an uninterrupted run would have done. ``compile_model`` runs training steps
-through torch.compile (docs/devices.md, "Compiled training").
+replays exactly what an uninterrupted run would have done (eager; compiled CPU steps repeat
+exactly at one thread only). ``compile_model`` runs training steps through torch.compile
+(docs/devices.md, "Compiled training").
 """
 
 from __future__ import annotations
