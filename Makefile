@@ -51,8 +51,12 @@ notebook:  ## Execute notebooks/results.ipynb on results/ (RESULTS=<dir>: any re
 	TAPE_RESULTS=$(abspath $(or $(RESULTS),results)) $(BIN)/jupyter execute notebooks/results.ipynb --output=$(CURDIR)/runs/notebook/results
 .PHONY: notebook
 
+# the newest run's wandb/ folder under $(RUNS) (default runs/), by modification time
+NEWEST_WANDB = $(shell $(BIN)/python -c "import pathlib, sys; d = [p for p in pathlib.Path(sys.argv[1]).rglob('wandb') if p.is_dir()]; print(max(d, key=lambda p: p.stat().st_mtime) if d else '')" $(or $(RUNS),runs) 2>/dev/null)
+
 wandb-view:  ## Look at offline W&B runs locally, no account (RUN=runs/<...>/wandb; default: the newest run)
-	$(BIN)/wandb leet $(RUN)
+	@test -n "$(or $(RUN),$(NEWEST_WANDB))" || { echo "no wandb/ folder under $(or $(RUNS),runs): train with logger=wandb, or pass RUN=<run>/wandb"; exit 1; }
+	$(BIN)/wandb leet $(or $(RUN),$(NEWEST_WANDB))
 .PHONY: wandb-view
 
 wandb-sync:  ## Upload the offline W&B runs under runs/ (needs network and a W&B login)

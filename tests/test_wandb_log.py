@@ -143,14 +143,23 @@ def test_a_terminated_run_leaves_an_exit_record(make_cfg) -> None:
 
 def test_offline_runs_can_be_viewed_locally_with_the_pinned_wandb(tmp_path) -> None:
     """make wandb-view runs `wandb leet`: it must exist in the pinned wandb, needing no login."""
+    import os
     import re
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    recipe = re.search(r"^wandb-view:.*\n\t(.+)$", (repo / "Makefile").read_text(), flags=re.M).group(1)
-    assert recipe.startswith("$(BIN)/wandb leet")
+    recipe = re.search(r"^wandb-view:.*\n(\t.+\n)+", (repo / "Makefile").read_text(), flags=re.M).group(0)
+    assert "\t$(BIN)/wandb leet" in recipe
+    # without RUN=: the newest wandb/ folder under the runs (bare `wandb leet` looked in ./wandb)
+    for name, stamp in (("old", 1_000_000_000), ("new", 1_100_000_000)):
+        folder = tmp_path / "runs" / "addition" / "cpu" / name / "0" / "t" / "wandb"
+        folder.mkdir(parents=True)
+        os.utime(folder, (stamp, stamp))
+    dry = subprocess.run(["make", "-s", "-n", "-C", str(repo), "wandb-view", f"RUNS={tmp_path / 'runs'}"],
+                         capture_output=True, text=True, timeout=60)
+    assert f"wandb leet {tmp_path}/runs/addition/cpu/new/0/t/wandb\n" in dry.stdout, dry.stdout
     wandb_cli = Path(sys.executable).parent / "wandb"
     out = subprocess.run([str(wandb_cli), "leet", "--help"], capture_output=True, text=True, timeout=120,
                          env={"PATH": str(wandb_cli.parent), "WANDB_MODE": "offline", "HOME": str(tmp_path)})
