@@ -102,9 +102,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
         warnings.filterwarnings("ignore", message="The dirpath has changed from")
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
-        except SystemExit:  # Lightning's answer to Ctrl-C: shut down, then sys.exit(1)
-            if not trainer.interrupted:
-                raise
+        except SystemExit as exit_:  # Lightning's answer to Ctrl-C: shut down, then sys.exit(1)
+            if not isinstance(exit_.__context__, KeyboardInterrupt):
+                raise  # e.g. SIGTERM (a scheduler's preemption) ends as Lightning ends it
     train_time = time.perf_counter() - t_fit
     if trainer.interrupted:
         raise RuntimeError("training was interrupted; resume it with ckpt_path=last (from its last "
