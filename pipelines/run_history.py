@@ -27,9 +27,10 @@ class RunCheckpoint(ModelCheckpoint):
     killed run went back to its last improvement (a resumed one, to the run it resumed)."""
 
     @property
-    def state_key(self) -> str:
-        """ModelCheckpoint's key: checkpoints written before this class resume its state."""
-        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+    def _legacy_state_key(self) -> str:  # type: ignore[override]
+        """Where checkpoints written with Lightning's ModelCheckpoint keep this state (Lightning
+        looks there when ``state_key``, which names this class, is not found)."""
+        return self.state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)

@@ -137,6 +137,7 @@ def test_last_ckpt_follows_every_validation_so_a_run_resumes_twice(make_cfg, tmp
     """Lightning 2.6 writes last.ckpt only where it saves a best one: a run killed after a
     validation that did not improve went back to its last improvement, and a resumed run that
     had not improved on the earlier best left no last.ckpt at all."""
+    import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from pipelines.run_history import RunCheckpoint
@@ -153,7 +154,9 @@ def test_last_ckpt_follows_every_validation_so_a_run_resumes_twice(make_cfg, tmp
     done = train(make_cfg(*common, "ckpt_path=last", name="c"))
     assert done["resumed_from"] == str(runs / "b/checkpoints/last.ckpt") and done["steps"] == 12
     args = dict(dirpath=tmp_path, monitor="val/loss", mode="min", save_top_k=1, save_last=True)
-    assert RunCheckpoint(**args).state_key == ModelCheckpoint(**args).state_key  # older checkpoints resume
+    ours, lightnings = RunCheckpoint(**args), ModelCheckpoint(**args)
+    assert ours._legacy_state_key == lightnings.state_key  # checkpoints from before it resume its state
+    L.Trainer(callbacks=[ours, lightnings], logger=False)  # beside another ModelCheckpoint: no key clash
 
 
 def test_ctrl_c_says_how_to_resume(make_cfg) -> None:
