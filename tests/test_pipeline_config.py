@@ -104,6 +104,15 @@ def test_scrolls_paper_uses_gradient_checkpointing() -> None:
     assert model_config(compose_config("config", ["experiment=scrolls/cpu"])).gradient_checkpointing is False
 
 
+def test_scrolls_cpu_rows_fit_with_the_instruction_of_pretrain_cpus_tokenizer() -> None:
+    """The instruction takes 12 tokens under pretrain/cpu's books BPE (7 under Llama's): with
+    summary_head 300 the longest summary row was 513 > 512 tokens, and every dataset failed."""
+    from tape.data.scrolls import Lengths
+
+    lengths = dict(compose_config("config", ["experiment=scrolls/cpu"]).task.lengths)
+    Lengths(**{**lengths, "summary_tail": 16})  # raises when a row would not fit
+
+
 @pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "fsdp"])
 def test_trainer_presets_compose(trainer: str) -> None:
     cfg = compose_config("config", ["experiment=addition/smoke", f"trainer={trainer}"])
