@@ -26,6 +26,9 @@ import tape.pe
         (dict(pe="tape", tape_position_size=2.5), ["tape_position_size=2.5 (float) is not one of: int, null"]),
         (dict(pe="tape", tape_fused="yes"), ["tape_fused='yes'", "bool, 'two_calls', 'concat', 'padded', null"]),
         (dict(pe="cope", cope_npos="8"), ["cope_npos='8' (str) is not one of: int, null"]),
+        (dict(abacus="no"), ["abacus='no' (str) is not one of: bool"]),  # was taken as true
+        (dict(d_model="abc"), ["d_model='abc' (str) is not one of: int"]),  # was int()'s traceback
+        (dict(n_kv_heads=1.5), ["n_kv_heads=1.5 (float) is not one of: int, null"]),
     ],
 )
 def test_bad_config_names_field_and_fix(kwargs, fragments):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Collection, Literal
 
 from tape.errors import ConfigError
+from tape.typecheck import type_problems
 
 
 @dataclass
@@ -81,7 +82,10 @@ class ModelConfig:
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
         """Raise ConfigError listing every problem, each naming the field and the fix."""
-        problems: list[str] = []
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        problems = type_problems(type(self), fields)  # model.abacus=no was taken as true
+        if problems:
+            raise ConfigError("invalid ModelConfig:\n  - " + "\n  - ".join(problems))
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "max_seq_len"):
             if int(getattr(self, name)) <= 0:
                 problems.append(f"{name}={getattr(self, name)} must be a positive integer")

@@ -7,13 +7,12 @@ and registers its ``PositionalEncoding`` subclass under its name, with its ``Opt
 from __future__ import annotations
 
 import difflib
-import types
-import typing
 from typing import TYPE_CHECKING, Any, Iterable
 
 from tape.errors import ConfigError
 from tape.pe.base import LayerPE, PEOptions, PositionalEncoding, PositionLimit, PositionState
 from tape.registry import Registry
+from tape.typecheck import type_problems
 
 if TYPE_CHECKING:
     from tape.model.config import ModelConfig
@@ -63,7 +62,7 @@ def options(cfg: "ModelConfig") -> PEOptions:
     if unknown:
         raise ConfigError("invalid ModelConfig:\n  - " + "\n  - ".join(
             _unknown_option(cfg.pe, key, valid) for key in unknown))
-    problems = _type_problems(cfg.pe, cls.Options, cfg.pe_options)
+    problems = type_problems(cls.Options, cfg.pe_options, f" (pe={cfg.pe!r})")
     if problems:
         raise ConfigError("invalid ModelConfig:\n  - " + "\n  - ".join(problems))
     opts = cls.Options(**cfg.pe_options)
@@ -114,42 +113,6 @@ def _unknown_option(pe: str, key: str, valid: Iterable[str]) -> str:
     hint = f"; did you mean {near[0]!r}?" if near else ""
     return (f"pe_options has {key!r}, which pe={pe!r} does not take{hint} "
             f"(its options: {sorted(valid) or 'none'})")
-
-
-def _type_problems(pe: str, options_cls: type[PEOptions], values: dict[str, Any]) -> list[str]:
-    """Options whose value is not of the declared type (an int passes for a float)."""
-    hints = typing.get_type_hints(options_cls)
-    out = []
-    for key, value in values.items():
-        allowed = _allowed(hints[key])
-        if not any(_is(value, kind) for kind in allowed):
-            want = ", ".join("null" if k is type(None) else k.__name__ if isinstance(k, type) else repr(k)
-                             for k in allowed)
-            out.append(f"{key}={value!r} ({type(value).__name__}) is not one of: {want} (pe={pe!r})")
-    return out
-
-
-def _allowed(hint: Any) -> list[Any]:
-    """A type hint as a flat list of types and literal values."""
-    origin = typing.get_origin(hint)
-    if origin is typing.Literal:
-        return list(typing.get_args(hint))
-    if origin in (typing.Union, types.UnionType):
-        return [kind for arg in typing.get_args(hint) for kind in _allowed(arg)]
-    return [hint]
-
-
-def _is(value: Any, kind: Any) -> bool:
-    """Whether ``value`` is of type ``kind`` (bool is no number) or equals literal ``kind``."""
-    if not isinstance(kind, type):  # a literal value
-        return type(value) is type(kind) and value == kind
-    if kind is type(None):
-        return value is None
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
 
 
 def _shape_problems(cls: type[PositionalEncoding], cfg: "ModelConfig") -> list[str]:
