@@ -31,7 +31,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -109,6 +109,15 @@ def commands(step: Step, todo: Sequence[tuple[str, str, int]] | None = None) -> 
                 argv.append("task.dataset=" + ",".join(e.rsplit("/", 1)[-1] for e in exps))
             out.append(argv + list(step.overrides))
     return out
+
+
+def with_runs_dir(steps: Sequence[Step], runs_dir: Path) -> list[Step]:
+    """The training steps told to write under ``runs_dir`` (paths.runs_dir) where it is not the
+    default ``runs/`` of this directory: the reproduction looks for their runs there."""
+    if Path(runs_dir).resolve() == (Path.cwd() / "runs").resolve():
+        return list(steps)
+    where = f"paths.runs_dir={Path(runs_dir).resolve()}"
+    return [replace(s, overrides=(*s.overrides, where)) if s.entry == "pipelines.train" else s for s in steps]
 
 
 def run_commands(step: Step, todo: Sequence[tuple[str, str, int]]) -> list[tuple[str, list[str]]]:
@@ -394,8 +403,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         raise SystemExit(f"--jobs {args.jobs}: give at least 1 (runs at once)")
     try:
         profile = load_profile(args.profile)
-        steps = only_steps(plan(args.profile, args.seeds, args.runs, args.scrolls_data, only=args.claims),
-                           args.steps)
+        steps = with_runs_dir(only_steps(plan(args.profile, args.seeds, args.runs, args.scrolls_data,
+                                              only=args.claims), args.steps), args.runs)
     except ValueError as err:
         raise SystemExit(f"pipelines.reproduce: {err}") from None
     if profile.print_only:

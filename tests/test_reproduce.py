@@ -164,6 +164,9 @@ def test_main_cpu_renders_the_report_after_running(tmp_path: Path) -> None:
     reproduce.main(["--profile", "tables", "--runs", str(runs), "--out", str(out),
                     "--scrolls-data", str(tmp_path / "x")], runner=runner)
     assert len(runner.calls) == 4
+    # --runs reaches the runs it launches (they wrote under ./runs, where it never looked)
+    train_calls = [c for c in runner.calls if "pipelines.train" in c]
+    assert train_calls and all(c.endswith(f"paths.runs_dir={runs.resolve()}") for c in train_calls)
     assert (out / "README.md").is_file() and (out / "tables" / "addition_cpu.csv").is_file()
     assert (out / "efficiency.md").read_text() == "# Efficiency (fake run)\n"  # published from runs/
 
