@@ -16,10 +16,12 @@ def evaluation_precision(cfg) -> str:
     """The precision of ``pipelines.train``'s evaluation: ``eval_precision``, else the trainer's;
     an unknown value is named before training starts (``check_trainer``)."""
     value = cfg.get("eval_precision")
+    key = "trainer.precision" if value is None else "eval_precision"
     precision = str(cfg.trainer.precision if value is None else value)
     if precision not in (*AUTOCAST, *FULL):
-        raise PipelineConfigError(f"eval_precision={precision}: choose null (the trainer's), 32, "
-                                  "bf16-mixed or 16-mixed")
+        choices = ("32-true, bf16-mixed or 16-mixed" if value is None
+                   else "null (the trainer's), 32, bf16-mixed or 16-mixed")
+        raise PipelineConfigError(f"{key}={precision}: choose {choices}")
     return precision
 
 

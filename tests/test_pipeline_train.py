@@ -428,6 +428,8 @@ def test_an_unknown_eval_precision_is_refused_before_training(make_cfg) -> None:
     with pytest.raises(PipelineConfigError, match="eval_precision=fp16: choose"):
         train(cfg)
     assert not Path(cfg.paths.output_dir).exists()
+    with pytest.raises(PipelineConfigError, match="trainer.precision=bf17: choose"):  # not eval_precision
+        train(make_cfg("pe=rope", "trainer.precision=bf17", name="typo"))
 
 
 def test_an_evaluations_summary_names_the_run_it_read() -> None:
