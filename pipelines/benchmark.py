@@ -9,6 +9,7 @@ copies a run into results/.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -29,8 +30,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def settings_from_config(cfg: DictConfig) -> BenchSettings:
     """The scale preset with the top-level overrides applied, as plain dataclasses."""
+    from tape.model.attention import BACKENDS
+
     if cfg.scale not in cfg.scales:
         raise ValueError(f"scale={cfg.scale!r}; choose one of {list(cfg.scales)}")
+    if cfg.backend not in BACKENDS:  # checked here, not after the first tables have run
+        raise ValueError(f"backend={cfg.backend!r}; choose one of {list(BACKENDS)}")
+
     preset = OmegaConf.to_container(cfg.scales[cfg.scale], resolve=True)
     op, train = dict(preset["op"]), dict(preset["train"])
     for key in ("warmup", "repeats"):
@@ -38,7 +44,7 @@ def settings_from_config(cfg: DictConfig) -> BenchSettings:
             op[key] = train[key] = int(cfg[key])
     return BenchSettings(
         device=str(cfg.device), scale=str(cfg.scale),
-        pes=list(ALL_PES) if cfg.pes == "all" else list(cfg.pes),
+        pes=list(ALL_PES) if cfg.pes == "all" else [cfg.pes] if isinstance(cfg.pes, str) else list(cfg.pes),
         tape_modes=list(cfg.tape_modes), backend=str(cfg.backend),
         dtype=str(cfg.dtype), op=OpSettings(**op), train=TrainSettings(**train),
         rss=bool(preset.get("rss", False) if cfg.rss is None else cfg.rss),
@@ -69,7 +75,14 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
 
 def run(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
     """Run the benchmark described by ``cfg`` and write its files; returns the result dict."""
+    import torch
+
     settings = settings_from_config(cfg)
+    if Path(cfg.output_dir).exists() and not Path(cfg.output_dir).is_dir():
+        raise ValueError(f"output_dir={cfg.output_dir} is a file; give a directory")
+    if settings.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={settings.device} but this machine has no usable CUDA GPU "
+                         "(torch.cuda.is_available() is False); use device=cpu, or run where there is one")
     result = {
         "command": command_line(overrides),
         "argv": list(sys.argv),
@@ -86,7 +99,12 @@ def run(cfg: DictConfig, overrides: list[str]) -> dict[str, Any]:
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    run(cfg, list(HydraConfig.get().overrides.task))
+    try:
+        run(cfg, list(HydraConfig.get().overrides.task))
+    except ValueError as err:  # a setting the benchmark refuses: one line (HYDRA_FULL_ERROR=1: the trace)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        sys.exit(f"pipelines.benchmark: {err}")
 
 
 if __name__ == "__main__":

@@ -177,13 +177,26 @@ def test_config_presets_and_overrides():
     assert (s.train.n_layers, s.train.vocab_size, s.op.repeats, s.train.repeats) == (12, 32000, 7, 7)
     with pytest.raises(ValueError, match="scale"):
         settings_from_config(compose_benchmark("scale=huge"))
+    assert settings_from_config(compose_benchmark("pes=tape")).pes == ["tape"]  # was ['t', 'a', 'p', 'e']
+    with pytest.raises(ValueError, match="backend='flashy'; choose one of"):  # before any table runs
+        settings_from_config(compose_benchmark("backend=flashy"))
+
+
+def test_bad_settings_end_in_one_line_before_any_work(tmp_path):
+    """They ended in tracebacks, some after the benchmark had run (an output_dir that is a file)."""
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    done = subprocess.run([sys.executable, "-m", "pipelines.benchmark", "scale=tiny", f"output_dir={afile}"],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == f"pipelines.benchmark: output_dir={afile} is a file; give a directory"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without a GPU")
 def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
     from pipelines.benchmark import run
 
-    with pytest.raises(RuntimeError, match="cuda"):
+    with pytest.raises(ValueError, match="device=cuda but this machine has no usable CUDA GPU"):
         run(compose_benchmark("scale=tiny", "device=cuda", f"output_dir={tmp_path}"), [])
 
 
