@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import typing
+
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import PipelineConfigError
 from pipelines.fits import check_fits
 from pipelines.precision import evaluation_precision
+from tape.typecheck import type_problems
 
 
 def require_int(cfg: DictConfig, *keys: str) -> None:
@@ -24,6 +27,10 @@ def check_optim(cfg: DictConfig) -> None:
     from tape.schedule import optim_problems
 
     values = OmegaConf.to_container(cfg.optim, resolve=True)
+    known = typing.get_type_hints(optim_problems)
+    problems = type_problems(optim_problems, {k: v for k, v in values.items() if k in known})
+    if problems:  # optim.lr=abc failed in a comparison, named as a misspelt key
+        raise PipelineConfigError("; ".join(f"optim.{p}" for p in problems))
     try:
         problems = optim_problems(**values)
     except TypeError as err:  # a missing or misspelt key

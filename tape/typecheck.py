@@ -41,4 +41,6 @@ def _is(value: Any, kind: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind is int:
         return isinstance(value, int) and not isinstance(value, bool)
+    if kind in (list, tuple):  # a config's sequences arrive as lists
+        return isinstance(value, (list, tuple))
     return isinstance(value, kind)

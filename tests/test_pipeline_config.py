@@ -172,6 +172,8 @@ def test_unknown_key_is_refused() -> None:
         (["model.vocab_size=10"], "model.vocab_size"),
         (["compile=yes"], "compile"),
         (["compile=true", "trainer=fsdp"], "trainer=fsdp"),
+        (["optim.lr=abc"], "optim.lr='abc'"),  # a comparison's TypeError, named as a misspelt key
+        (["model.abacus=no"], "abacus='no'"),  # was taken as true
     ],
 )
 def test_impossible_combinations_fail_before_training_naming_the_key(
