@@ -137,6 +137,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     if mc is not None and (need := task.positions_needed(task_cfg)) is not None:
         check_position_range(mc, *need)  # e.g. RandPE asked beyond its trained range
     task.check(task_cfg)  # e.g. passkey: every prompt length fits, with the run's tokenizer
+    autocast = eval_autocast(torch.device(device).type, str(cfg.precision))  # a bad precision fails here
     model, facts = source.load_model(device, str(cfg.dtype))  # a broken checkpoint fails here
     claim_run_dir(out_dir, OmegaConf.create({"run_dir": str(source.run_dir), "stage": source.stage,
                                              "checkpoint": str(source.ckpt), "device": device,
@@ -146,7 +147,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         f" ({source.ckpt.name})" if source.ckpt else "")
     metrics: dict[str, Any] = {"task": task_cfg.name, **labels, **facts, "device": device,
                                "precision": str(cfg.precision)}
-    with eval_autocast(torch.device(device).type, str(cfg.precision)):
+    with autocast:
         metrics.update(task.evaluate(model, task_cfg, out_dir, title))
     metrics["wall_time_s"] = time.perf_counter() - t0
     write_json_once(out_dir / "metrics.json", metrics)

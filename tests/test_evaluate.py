@@ -303,6 +303,12 @@ def test_evaluation_precision_follows_the_request() -> None:
         eval_autocast("cpu", "bf16")
 
 
+def test_a_bad_precision_is_refused_before_the_eval_dir_is_claimed(pretrained: Path) -> None:
+    with pytest.raises(PipelineConfigError, match="precision=fp8: choose"):
+        run_eval(pretrained, "precision=fp8", name="fp8")
+    assert not (pretrained / "eval" / "fp8").exists()  # it was claimed, then refused
+
+
 def test_passkey_with_default_lengths_works_and_a_too_short_length_names_the_fix(pretrained: Path) -> None:
     """Issue 23: the documented `pipelines.evaluate run_dir=<pretrain run> task=passkey` ran into
     "needs 101 tokens > 64" at the run's own context; the defaults now start at 128 tokens."""
