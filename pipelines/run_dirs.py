@@ -85,8 +85,9 @@ def stack_versions() -> str:
 
     found = [f"python {sys.version.split()[0]}"]
     for name in ("torch", "triton", "lightning", "transformers", "numpy"):
+        loaded = getattr(sys.modules.get(name), "__version__", None)  # torch's names its build: +cu130
         try:
-            found.append(f"{name} {version(name)}")
+            found.append(f"{name} {loaded or version(name)}")
         except PackageNotFoundError:
             pass
     return ", ".join(found)
