@@ -8,9 +8,10 @@ import typing
 from typing import Any
 
 
-def type_problems(cls: type, values: dict[str, Any], context: str = "") -> list[str]:
-    """``key=value (type) is not one of: ...`` for each value not of ``cls``'s annotated type."""
-    hints = typing.get_type_hints(cls)
+def type_problems(annotated: Any, values: dict[str, Any], context: str = "") -> list[str]:
+    """``key=value (type) is not one of: ...`` for each value not of the type ``annotated`` (a
+    dataclass, or a function's parameters) declares for its key."""
+    hints = typing.get_type_hints(annotated)
     out = []
     for key, value in values.items():
         allowed = _allowed(hints[key])
