@@ -86,7 +86,8 @@ def _dtypes(settings: BenchSettings, device: torch.device) -> tuple[torch.dtype,
 def _device(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but torch.cuda.is_available() is False; run with device=cpu")
+        raise ValueError(f"device={name} but this machine has no usable CUDA GPU "
+                         "(torch.cuda.is_available() is False); use device=cpu, or run where there is one")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device={name!r}; choose cpu or cuda")
     return device
