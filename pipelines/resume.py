@@ -41,14 +41,16 @@ def _newest_run_checkpoint(cfg: DictConfig, run_dir: Path) -> Path:
     return (unfinished or found)[0]
 
 
-def _config_differences(cfg: DictConfig, run: Path) -> dict[str, Any]:
-    """Keys where this config differs from the run's config.yaml (none without one), besides
-    RESUME_MAY_DIFFER and the keys set from them (task.data_dir from paths.data_dir)."""
+def _config_differences(cfg: DictConfig, run: Path) -> dict[str, tuple[Any, Any]]:
+    """{key: (this config's value, the run's)} where this config differs from the run's
+    config.yaml (none without one), besides RESUME_MAY_DIFFER and the keys set from them
+    (task.data_dir from paths.data_dir)."""
     if not (run / "config.yaml").is_file():
         return {}
     saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=False)
     now = OmegaConf.to_container(cfg, resolve=True)
-    return differences(now, saved, (*RESUME_MAY_DIFFER, *_derived_keys(cfg)))
+    diff = differences(now, saved, (*RESUME_MAY_DIFFER, *_derived_keys(cfg)))
+    return {k: (v, _get(saved, k)) for k, v in diff.items()}
 
 
 def _derived_keys(cfg: DictConfig) -> list[str]:
@@ -96,12 +98,11 @@ def check_resumable(cfg: DictConfig, ckpt: Path, key: str = "ckpt_path") -> None
         )
     state = load_checkpoint(ckpt, key)
     if run is not None and (run / "config.yaml").is_file():
-        diff = _config_differences(cfg, run)
-        was = {k: _get(OmegaConf.to_container(OmegaConf.load(run / "config.yaml")), k) for k in diff}
+        pairs = _config_differences(cfg, run)
     else:  # a checkpoint moved out of its run: what it recorded of the module
         pairs = _hparam_differences(cfg, state.get("hyper_parameters") or {})
+    if pairs:
         diff, was = {k: a for k, (a, _) in pairs.items()}, {k: b for k, (_, b) in pairs.items()}
-    if diff:
         raise PipelineConfigError(
             f"{key}={value}: {ckpt} was trained with a different config; this run sets "
             f"{describe(diff)} where it had {describe(was)}. Resume with the same settings "
