@@ -79,8 +79,9 @@ def open_text_stream(source: str, split: str = "train") -> Any:
     the hub when ``source`` is ``allenai/c4``. Fails with what to do when neither works."""
     import datasets
 
-    check_text_source(source, (split,))
     path = Path(source)
+    if not path.is_dir():
+        check_text_source(source)  # the hub reachable, at once (a directory's shards: below)
     try:
         if path.is_dir():
             return datasets.load_dataset("json", data_files=_shards(path, split), split="train", streaming=True)
