@@ -80,14 +80,16 @@ def task_wrapper(fn: F) -> F:
     return wrapped  # type: ignore[return-value]
 
 
-def run_entry(main: Callable[[], Any], argv: list[str], config_name: str = "config") -> None:
-    """``__main__`` of an entry point: reject unknown config choices and the failures Hydra
-    would meet while creating the run directory (preflight) at once, run Hydra's ``main``, and
-    end a multirun with its summary (printed even when a job failed)."""
+def run_entry(main: Callable[[], Any], argv: list[str], config_name: str = "config",
+              check_job: Callable[[DictConfig], None] | None = None) -> None:
+    """``__main__`` of an entry point: reject unknown config choices, the failures Hydra would
+    meet while creating the run directory, and (``check_job``) any job of a sweep whose settings
+    fail, at once (preflight); run Hydra's ``main``, and end a multirun with its summary
+    (printed even when a job failed)."""
     if message := unknown_choice(argv):
         sys.exit(message)
     try:
-        preflight(config_name, argv)
+        preflight(config_name, argv, check_job)
     except PipelineConfigError as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import itertools
+import math
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -104,11 +106,75 @@ def _first_of_each_sweep(argv: list[str]) -> list[str]:
     return out
 
 
-def preflight(config_name: str, argv: list[str]) -> None:
+MOST_SWEEP_JOBS_CHECKED = 64
+"""A larger sweep has each of its values checked once (beside the first of the others)."""
+
+
+def sweep_jobs(overrides: list[str], most: int = MOST_SWEEP_JOBS_CHECKED) -> list[tuple[str, list[str]]]:
+    """(label, overrides) of each job of a sweep, as Hydra's basic sweeper forms them (the
+    product of the swept values; the label names the job's swept values). Above ``most`` jobs,
+    one job per swept value instead, the other sweeps at their first value."""
+    fixed, swept = [], []  # swept: [(key, [values])]
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_sweep_override():
+            swept.append((override.get_key_element(), list(override.sweep_string_iterator())))
+        else:
+            fixed.append(override.input_line)
+    if not swept:
+        return [("", fixed)]
+    if math.prod(len(values) for _, values in swept) <= most:
+        combos = list(itertools.product(*(values for _, values in swept)))
+    else:
+        firsts = [values[0] for _, values in swept]
+        combos = [tuple(firsts[:i] + [v] + firsts[i + 1:]) for i, (_, values) in enumerate(swept)
+                  for v in values]
+    jobs = []
+    for combo in dict.fromkeys(combos):
+        settings = [f"{key}={value}" for (key, _), value in zip(swept, combo)]
+        jobs.append((" ".join(settings), fixed + settings))
+    return jobs
+
+
+def sweep_problem(config_name: str, overrides: list[str],
+                  check_job: Callable[[DictConfig], None]) -> str | None:
+    """What ``check_job`` (the entry's checks that need no run directory) says of each job of
+    a sweep, before any job runs (a bad value among many trained the ones before it first);
+    None when every job passes. A job Hydra cannot compose, or a check that fails otherwise,
+    is left for that job to report."""
+    try:
+        jobs = sweep_jobs(overrides)
+    except Exception:  # noqa: BLE001 - a sweep the parser cannot expand here: Hydra reports it
+        return None
+    if len(jobs) < 2:
+        return None
+    failures: dict[str, list[str]] = {}
+    for label, job in jobs:
+        cfg = compose_or_none(config_name, job, hydra=True)
+        if cfg is None:
+            continue
+        try:
+            check_job(cfg)
+        except PipelineConfigError as err:
+            failures.setdefault(str(err), []).append(label)
+        except Exception:  # noqa: BLE001 - not a settings error: the job meets it, and reports it
+            continue
+    if not failures:
+        return None
+    lines = [f"{len(sum(failures.values(), []))} of the sweep's {len(jobs)} jobs would fail their "
+             "checks, so none was started; fix or drop these values:"]
+    for error, labels in failures.items():
+        shown = ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+        lines.append(f"  {shown}: {error}")
+    return "\n".join(lines)
+
+
+def preflight(config_name: str, argv: list[str],
+              check_job: Callable[[DictConfig], None] | None = None) -> None:
     """Checks that must pass before Hydra writes anything (it creates the run directory and
     starts its log before the task runs): ``paths.runs_dir`` is writable and ``hydra.run.dir``
-    is new. Composes the config as Hydra will; a config Hydra cannot compose is left for Hydra
-    to report. DDP's extra processes rerun the command inside rank 0's directory: not checked."""
+    is new; in a sweep, ``check_job`` passes on every job. Composes the config as Hydra will; a
+    config Hydra cannot compose is left for Hydra to report. DDP's extra processes rerun the
+    command inside rank 0's directory: not checked."""
     if not is_rank_zero() or only_prints(argv):
         return
     multirun = bool({"-m", "--multirun"} & set(argv))
@@ -129,6 +195,8 @@ def preflight(config_name: str, argv: list[str]) -> None:
         check_run_dir_new(run_dir)
         if not (runs_dir and run_dir.resolve().is_relative_to(Path(str(runs_dir)).resolve())):
             check_writable(run_dir.parent, "hydra.run.dir", run_dir)  # a run outside paths.runs_dir
+    if multirun and check_job is not None and (problem := sweep_problem(config_name, overrides, check_job)):
+        raise PipelineConfigError(problem)
 
 
 def compose_or_none(config_name: str, overrides: list[str], hydra: bool = False) -> DictConfig | None:

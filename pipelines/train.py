@@ -49,6 +49,20 @@ def build_module(cfg: DictConfig) -> CausalLMModule:
     return module
 
 
+def check_settings(cfg: DictConfig) -> None:
+    """The checks of train() that need no run directory, checkpoint or data; a sweep runs them
+    on every job before the first one trains. Completes ``cfg`` in place (task.prepare)."""
+    task = tasks.get(cfg.task.name)
+    if task.runs_itself:  # context extension checks its stages' settings itself
+        check_compile(cfg, runs_itself=True)
+    else:
+        check_trainer(cfg)
+        task.prepare(cfg)  # e.g. fine-tuning adopts its pretrained run's model config
+        task.refuse_training()  # an evaluation task (passkey, perplexity) says how to run it
+        task.validate(cfg)  # every config error surfaces here, before any training
+    check_accelerator(cfg.trainer)
+
+
 @task_wrapper
 def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Check the config, train, evaluate on rank 0, write metrics.json; return the metrics.
@@ -61,17 +75,11 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
         check_run_dir_new(run_dir)  # fails fast; the claim below is what makes it this run's
     task = tasks.get(cfg.task.name)
     wandb_log.check_online_login(cfg)
+    check_settings(cfg)
     if task.runs_itself:  # a multi-stage task (context extension) runs its own fits
-        check_compile(cfg, runs_itself=True)
-        check_accelerator(cfg.trainer)
         quiet_known_noise()
         return task.run(cfg)
-    check_trainer(cfg)
-    task.prepare(cfg)  # e.g. fine-tuning adopts its pretrained run's model config
-    task.refuse_training()  # an evaluation task (passkey, perplexity) says how to run it
-    task.validate(cfg)  # every config error surfaces here, before any training
     ckpt = resolve_ckpt_path(cfg, run_dir)
-    check_accelerator(cfg.trainer)
     quiet_known_noise()
     import lightning as L
     import torch
@@ -162,4 +170,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    run_entry(main, sys.argv[1:])
+    run_entry(main, sys.argv[1:], check_job=check_settings)

@@ -27,25 +27,36 @@ def runs_of(root: Path, pe: str = "rope") -> list[Path]:
 
 @pytest.mark.slow
 def test_multirun_gives_each_job_its_own_dir_and_survives_a_failed_job(tmp_path: Path) -> None:
-    # Three jobs with the same experiment, PE and seed, started in the same process and second;
-    # the middle one is impossible (seq_len 12 < 13 tokens) and must not stop the others.
-    out = run(["-m", "experiment=addition/smoke", "task.seq_len=16,12,20", *QUIET], tmp_path)
+    # Four jobs with the same experiment, PE and seed, started in the same process and second;
+    # two resume a checkpoint that is not there (found only when the job starts: the sweep's
+    # settings pass its checks) and must not stop the others.
+    out = run(["-m", "experiment=addition/smoke", "task.seq_len=16,20", "ckpt_path=null,gone.ckpt", *QUIET],
+              tmp_path)
     both = out.stdout + out.stderr
-    assert out.returncode != 0 and both.count("but task.seq_len=12; lower task.max_digits") == 1, both
+    assert out.returncode != 0 and both.count("ckpt_path=gone.ckpt: gone.ckpt does not exist") == 2, both
     assert "Traceback" not in both
-    dirs = runs_of(tmp_path)  # the impossible job failed its checks and left no directory
+    dirs = runs_of(tmp_path)  # the failed jobs failed their checks and left no directory
     assert len(dirs) == 2 and len({d.name for d in dirs}) == 2
     assert [d.name.rsplit("-", 1)[1] for d in dirs] == ["0", "2"]  # job numbers
     done = [json.loads((d / "metrics.json").read_text()) for d in dirs if (d / "metrics.json").exists()]
     assert len(done) == 2 and all(m["steps"] == 6 for m in done)
-    assert "(failed)" in out.stdout and out.stdout.count("run dir: ") == 3
-    summary = out.stdout[out.stdout.index("==== multirun: 2 of 3 jobs finished"):]
-    assert summary.count(" ok ") == 2 and summary.count("FAILED") == 1 and "mean_accuracy" in summary
+    assert "(failed)" in out.stdout and out.stdout.count("run dir: ") == 4
+    summary = out.stdout[out.stdout.index("==== multirun: 2 of 4 jobs finished"):]
+    assert summary.count(" ok ") == 2 and summary.count("FAILED") == 2 and "mean_accuracy" in summary
     assert len(list((tmp_path / "runs/multirun").glob("*/multirun.yaml"))) == 1
     commands = sorted((d / "command.txt").read_text().splitlines()[0] for d in dirs
                       if (d / "command.txt").exists())
     assert commands[0].startswith("python -m pipelines.train ") and "-m" not in commands[0].split()[3:]
     assert "task.seq_len=16" in commands[0] and "task.seq_len=20" in commands[1]
+
+
+def test_a_sweep_with_an_impossible_value_starts_no_job(tmp_path: Path) -> None:
+    """Its settings are checked for every job first: nothing trains, nothing is written under runs/."""
+    out = run(["-m", "experiment=addition/smoke", "task.seq_len=16,12", *QUIET], tmp_path)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "1 of the sweep's 2 jobs would fail their checks, so none was started" in out.stderr
+    assert "task.seq_len=12: task.max_digits=3 needs 13-token training examples" in out.stderr
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
 
 
 @pytest.mark.slow

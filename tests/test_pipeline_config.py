@@ -226,3 +226,32 @@ def test_hydras_own_flags_pass_the_preflight(tmp_path: Path) -> None:
     assert not runs.exists()  # nothing checked or created for a call that only prints
     preflight("config", ["experiment=addition/smoke", f"paths.runs_dir={runs}", "-cn", "config"])
     assert runs.is_dir()  # checked (writable) with the flag's value left out of the overrides
+
+
+def test_a_sweep_with_one_bad_value_is_refused_before_any_job_starts(tmp_path: Path) -> None:
+    """`-m seed=0,x` checked its first job only: job 0 trained, then job 1 failed. Every job's
+    settings are checked first; the message names each failing job's swept values."""
+    from pipelines.train import check_settings
+
+    argv = ["-m", "experiment=addition/smoke", "seed=0,x,2", "task.seq_len=16,12", f"paths.runs_dir={tmp_path}"]
+    with pytest.raises(PipelineConfigError) as err:
+        preflight("config", argv, check_settings)
+    message = str(err.value)
+    assert message.startswith("4 of the sweep's 6 jobs would fail their checks, so none was started")
+    assert "seed=0 task.seq_len=12, seed=2 task.seq_len=12: task.max_digits=3 needs 13-token" in message
+    assert "seed=x task.seq_len=16, seed=x task.seq_len=12: seed='x' must be an integer" in message
+    preflight("config", ["-m", "experiment=addition/smoke", "seed=0,1", f"paths.runs_dir={tmp_path}"],
+              check_settings)  # a good sweep passes
+    preflight("config", ["experiment=addition/smoke", "seed=x", f"paths.runs_dir={tmp_path}"],
+              check_settings)  # a single run: its task checks it, as before
+
+
+def test_sweep_jobs_are_the_product_and_a_large_sweep_checks_each_value_once() -> None:
+    from pipelines.preflight import sweep_jobs
+
+    jobs = sweep_jobs(["experiment=addition/smoke", "pe=rope,tape", "seed=range(0,3)"])
+    assert [label for label, _ in jobs] == [f"pe={pe} seed={s}" for pe in ("rope", "tape") for s in range(3)]
+    assert jobs[-1][1] == ["experiment=addition/smoke", "pe=tape", "seed=2"]
+    big = sweep_jobs(["pe=rope,tape", "seed=range(0,40)"], most=64)  # 80 jobs: 2 + 40 checked, one repeated
+    assert len(big) == 41 and ("pe=tape seed=0", ["pe=tape", "seed=0"]) in big
+    assert sweep_jobs(["seed=1"]) == [("", ["seed=1"])]
