@@ -77,11 +77,22 @@ def task_config(cfg: DictConfig, source: RunSource, out_dir: Path) -> DictConfig
                 "task=passkey or task=perplexity"
             )
         changes = {k: v for k, v in chosen.items() if v is not None}
+        check_rerun_changes(source.run_cfg, changes)
         return OmegaConf.merge(source.run_cfg.task, changes)
     task_cfg = OmegaConf.create({k: v for k, v in chosen.items()
                                  if not (k in RERUN_KEYS and v is None)})
     tasks.get(task_cfg.name).adopt(task_cfg, source, out_dir)  # refused by a task that cannot
     return task_cfg
+
+
+def check_rerun_changes(run_cfg: DictConfig, changes: dict[str, Any]) -> None:
+    """Changes to a run's own evaluation name settings its task has (``+task.x=`` and keys of
+    another task were merged in and ignored); their values are the task's ``check``."""
+    own = run_cfg.task
+    if unknown := sorted(set(changes) - set(own)):
+        raise PipelineConfigError(
+            f"{', '.join(f'task.{k}' for k in unknown)}: the run's task ({own.name}) has no such "
+            f"setting; its settings are {', '.join(sorted(own))}")
 
 
 def make_loggers(cfg: DictConfig, source: RunSource, out_dir: Path) -> list[Any]:
@@ -133,10 +144,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     task_cfg = task_config(cfg, source, out_dir)
     task = tasks.get(task_cfg.name)
+    task.check(task_cfg)  # e.g. passkey: every prompt length fits, with the run's tokenizer
     mc = source.model_config()
     if mc is not None and (need := task.positions_needed(task_cfg)) is not None:
         check_position_range(mc, *need)  # e.g. RandPE asked beyond its trained range
-    task.check(task_cfg)  # e.g. passkey: every prompt length fits, with the run's tokenizer
     autocast = eval_autocast(torch.device(device).type, str(cfg.precision))  # a bad precision fails here
     model, facts = source.load_model(device, str(cfg.dtype))  # a broken checkpoint fails here
     claim_run_dir(out_dir, OmegaConf.create({"run_dir": str(source.run_dir), "stage": source.stage,

@@ -188,12 +188,13 @@ def preflight(config_name: str, argv: list[str],
         return
     runs_dir = OmegaConf.select(cfg, "paths.runs_dir")
     run_dir = None if multirun else OmegaConf.select(cfg, "hydra.run.dir")
-    if runs_dir:
+    run_dir = Path(str(run_dir)) if run_dir else None
+    inside = bool(runs_dir and run_dir and run_dir.resolve().is_relative_to(Path(str(runs_dir)).resolve()))
+    if runs_dir and (run_dir is None or inside):  # an evaluation writes inside its run, not here
         check_writable(runs_dir, "paths.runs_dir")
     if run_dir:
-        run_dir = Path(str(run_dir))
         check_run_dir_new(run_dir)
-        if not (runs_dir and run_dir.resolve().is_relative_to(Path(str(runs_dir)).resolve())):
+        if not inside:
             check_writable(run_dir.parent, "hydra.run.dir", run_dir)  # a run outside paths.runs_dir
     if multirun and check_job is not None and (problem := sweep_problem(config_name, overrides, check_job)):
         raise PipelineConfigError(problem)

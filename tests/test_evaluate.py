@@ -121,6 +121,29 @@ def test_randpe_range_check_applies_to_reevaluation(randpe_addition: Path) -> No
     assert not (randpe_addition / "eval" / "far" / "metrics.json").exists()
 
 
+@pytest.mark.parametrize("change, message", [
+    ("task.examples_per_cell=abc", "task.examples_per_cell='abc' must be an integer"),
+    ("task.eval_batch_size=0", "task.eval_batch_size=0 must be >= 1"),
+    ("task.eval_seed=-3", "task.eval_seed=-3 must be >= 0"),
+    ("+task.trials=3", r"task.trials: the run's task \(addition\) has no such setting; its settings are batch_size"),
+])
+def test_a_bad_change_to_the_runs_evaluation_is_named_before_its_dir_is_claimed(
+        randpe_addition: Path, change: str, message: str) -> None:
+    """They failed inside the evaluation with tracebacks (or, for another task's key, were
+    ignored), each after <run>/eval/<id>/ was claimed."""
+    with pytest.raises(PipelineConfigError, match=message):
+        run_eval(randpe_addition, change, name="bad")
+    assert not (randpe_addition / "eval" / "bad").exists()
+
+
+def test_the_evaluations_preflight_leaves_paths_runs_dir_alone(randpe_addition: Path, tmp_path: Path) -> None:
+    """It created an empty ./runs (paths.runs_dir) that an evaluation never writes to."""
+    from pipelines.preflight import preflight
+
+    preflight("evaluate", [f"run_dir={randpe_addition}", f"paths.runs_dir={tmp_path / 'runs'}"])
+    assert not (tmp_path / "runs").exists()
+
+
 def test_reevaluation_prints_and_logs_its_metrics(randpe_addition: Path, capsys) -> None:
     own_csv = (randpe_addition / "csv" / "metrics.csv").read_text()
     metrics = run_eval(randpe_addition, "task.examples_per_cell=1", name="again")

@@ -27,6 +27,7 @@ def validate(cfg: DictConfig) -> None:
     for key in ints:
         if int(t[key]) < 1:
             raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
+    check(t)  # the evaluation's settings (after training it ran into eval_batch_size=0)
     from tape.data.addition import max_sequence_length
     from tape.lightning import AdditionDataModule
 
@@ -62,6 +63,16 @@ def check_abacus_range(mc: Any, max_digits: int, key: str, training: bool) -> No
             f"{need} > model.abacus_max_index={mc.abacus_max_index}; set "
             f"model.abacus_max_index>={need} (or shorten {key})"
         )
+
+
+def check(task_cfg: DictConfig) -> None:
+    """The evaluation's settings (pipelines.evaluate may change them), before anything is written."""
+    for key in ("eval_max_digits", "examples_per_cell", "eval_batch_size", "eval_seed"):
+        value = task_cfg[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PipelineConfigError(f"task.{key}={value!r} must be an integer")
+        if value < (0 if key == "eval_seed" else 1):
+            raise PipelineConfigError(f"task.{key}={value} must be >= {0 if key == 'eval_seed' else 1}")
 
 
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
@@ -113,4 +124,5 @@ class Addition(Task):
     validate = staticmethod(validate)
     datamodule = staticmethod(datamodule)
     evaluate = staticmethod(evaluate)
+    check = staticmethod(check)
     positions_needed = staticmethod(positions_needed)
