@@ -80,6 +80,13 @@ def task_wrapper(fn: F) -> F:
     return wrapped  # type: ignore[return-value]
 
 
+def multirun_flag_first(argv: list[str]) -> list[str]:
+    """``argv`` with ``-m`` / ``--multirun`` moved to the front: after an override, Hydra's
+    argument parser ended the overrides there and refused the rest with its usage text."""
+    flags = [a for a in argv if a in ("-m", "--multirun")]
+    return flags + [a for a in argv if a not in flags]
+
+
 def run_entry(main: Callable[[], Any], argv: list[str], config_name: str = "config",
               check_job: Callable[[DictConfig], None] | None = None) -> None:
     """``__main__`` of an entry point: reject unknown config choices, the failures Hydra would
@@ -88,6 +95,7 @@ def run_entry(main: Callable[[], Any], argv: list[str], config_name: str = "conf
     (printed even when a job failed)."""
     if message := unknown_choice(argv):
         sys.exit(message)
+    argv = sys.argv[1:] = multirun_flag_first(argv)  # Hydra's parser took `a=1 -m b=2` as usage
     try:
         preflight(config_name, argv, check_job)
     except PipelineConfigError as err:

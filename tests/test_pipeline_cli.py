@@ -30,7 +30,8 @@ def test_multirun_gives_each_job_its_own_dir_and_survives_a_failed_job(tmp_path:
     # Four jobs with the same experiment, PE and seed, started in the same process and second;
     # two resume a checkpoint that is not there (found only when the job starts: the sweep's
     # settings pass its checks) and must not stop the others.
-    out = run(["-m", "experiment=addition/smoke", "task.seq_len=16,20", "ckpt_path=null,gone.ckpt", *QUIET],
+    # `-m` after an override: Hydra's parser took the overrides after it as unknown arguments
+    out = run(["experiment=addition/smoke", "task.seq_len=16,20", "-m", "ckpt_path=null,gone.ckpt", *QUIET],
               tmp_path)
     both = out.stdout + out.stderr
     assert out.returncode != 0 and both.count("ckpt_path=gone.ckpt: gone.ckpt does not exist") == 2, both

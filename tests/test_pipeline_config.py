@@ -255,3 +255,11 @@ def test_sweep_jobs_are_the_product_and_a_large_sweep_checks_each_value_once() -
     big = sweep_jobs(["pe=rope,tape", "seed=range(0,40)"], most=64)  # 80 jobs: 2 + 40 checked, one repeated
     assert len(big) == 41 and ("pe=tape seed=0", ["pe=tape", "seed=0"]) in big
     assert sweep_jobs(["seed=1"]) == [("", ["seed=1"])]
+
+
+def test_the_multirun_flag_goes_first_wherever_it_was_given() -> None:
+    from pipelines.entry import multirun_flag_first
+
+    assert multirun_flag_first(["a=1", "-m", "b=2,3"]) == ["-m", "a=1", "b=2,3"]
+    assert multirun_flag_first(["a=1", "--cfg", "job", "--multirun"]) == ["--multirun", "a=1", "--cfg", "job"]
+    assert multirun_flag_first(["a=1"]) == ["a=1"]
