@@ -117,11 +117,11 @@ def test_base_only_run_sizes_the_base(tmp_path, data_dir):
     assert "base_passkey_at_context" in metrics and not any(k.startswith("time_train_") for k in metrics)
 
 
-def test_smoke_in_bf16_mixed_with_bf16_frozen_weights(tmp_path, data_dir):
-    """The paper preset's precision on CPU: autocast, frozen weights stored in bf16, LoRA merged
-    into bf16 weights, TAPE saved beside them; evaluation runs in bf16 and stays finite."""
+def test_smoke_in_bf16_mixed_with_fp16_frozen_weights(tmp_path, data_dir):
+    """The paper preset's precision on CPU: bf16 autocast, frozen weights stored in fp16, LoRA
+    merged into fp16 weights, TAPE saved beside them; evaluation stays finite."""
     cfg = extend_cfg(tmp_path, data_dir, "extend.recipes=[tape,lora]", "trainer.precision=bf16-mixed",
-                     "model.frozen_dtype=bfloat16", "logger=wandb")
+                     "model.frozen_dtype=float16", "logger=wandb")
     metrics = extend(cfg)
     close_loggers()  # what pipelines.train's task wrapper does after the run
     # W&B (offline) shows the experiment: the full resolved config, the tables and the figure.
@@ -133,7 +133,46 @@ def test_smoke_in_bf16_mixed_with_bf16_frozen_weights(tmp_path, data_dir):
     assert len(ppl) == 12 and all(1 < v < 10 * VOCAB for v in ppl)
     model = load_model(metrics["tape_model"])  # fp32 on reload; trained in bf16-mixed
     assert type(model).__name__ == "TapeLlamaForCausalLM"
-    assert json.loads((Path(metrics["lora_model"]) / "stage.json").read_text())["settings"]["frozen_dtype"] == "bfloat16"
+    assert json.loads((Path(metrics["lora_model"]) / "stage.json").read_text())["settings"]["frozen_dtype"] == "float16"
+
+
+def _saved_after_recipe(base_dir: Path, out: Path, recipe: str, frozen: torch.dtype) -> tuple[dict, dict]:
+    """(saved weights reloaded in fp32, fp32 reference of LoRA's merged q_proj) after ``recipe``
+    with frozen weights in ``frozen`` and a LoRA update as training would leave it."""
+    from pipelines.tasks.context_extension.stages import set_dtypes
+
+    model = set_dtypes(apply_recipe(load_model(base_dir, frozen), recipe, target_context=64,
+                                    original_context=32).train(), frozen)
+    base = dict(load_model(base_dir, torch.float32).named_parameters())
+    want, params = {}, dict(model.named_parameters())
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in params.items():
+            if name.endswith("q_proj.lora_B.default.weight"):
+                p.copy_(1e-3 * torch.randn_like(p))
+                a = params[name.replace("lora_B", "lora_A")]
+                key = name.removeprefix("base_model.model.").replace("lora_B.default.", "")
+                want[key] = base[key] + 2.0 * p.float() @ a.float()  # alpha / r = 16 / 8
+    save_model(model, out, {})
+    return {n: p.detach() for n, p in load_model(out, torch.float32).named_parameters()}, want
+
+
+def test_frozen_fp16_keeps_an_fp16_base_exactly_and_merges_lora_as_fp16(tmp_path):
+    """The paper preset stored Llama-2's (fp16) frozen weights in bf16: every saved extended
+    model was evaluated on bf16-rounded base weights beside the exact fp16 base, and LoRA merged
+    into bf16 (10x the fp16 merge's rounding). fp16 storage keeps the base bit for bit."""
+    assert compose_config("config", ["experiment=context_extension/paper"]).model.frozen_dtype == "float16"
+    base_dir = tmp_path / "base"
+    build_llama(64, 32, 64, 2, 2, 2, 32).half().save_pretrained(base_dir)  # as Llama-2-7b-hf ships
+    base = dict(load_model(base_dir, torch.float32).named_parameters())
+    q = "model.layers.0.self_attn.q_proj.weight"
+    errors = {}
+    for frozen in (torch.float16, torch.bfloat16):
+        tape, _ = _saved_after_recipe(base_dir, tmp_path / f"tape-{frozen}", "tape", frozen)
+        lora, want = _saved_after_recipe(base_dir, tmp_path / f"lora-{frozen}", "lora", frozen)
+        errors[frozen] = (tape[q] - base[q]).abs().max().item(), (lora[q] - want[q]).pow(2).mean().sqrt().item()
+    assert errors[torch.float16][0] == 0.0 and errors[torch.bfloat16][0] > 1e-5
+    assert errors[torch.bfloat16][1] > 5 * errors[torch.float16][1]
 
 
 # ----------------------------------------------------------------------------- passkey rows
@@ -225,7 +264,7 @@ def test_presets_compose_cpu_is_the_default_and_validates(tmp_path):
     assert paper.extend.batch_size * paper.extend.grad_accum == 64 and paper.data.source == "hub"
     # bf16 autocast with fp32 trainables; the official TAPE (row-sum post map frozen at zero)
     # and the corrected one (mixing post map, trained) side by side
-    assert (paper.trainer.precision, paper.model.frozen_dtype) == ("bf16-mixed", "bfloat16")
+    assert (paper.trainer.precision, paper.model.frozen_dtype) == ("bf16-mixed", "float16")
     assert paper.eval.dtype == "float16"  # the paper evaluated in fp16 (tape-spec D.3)
     validate_precision = compose_config("config", ["experiment=context_extension/paper", "trainer=fsdp"])
     with pytest.raises(PipelineConfigError, match="trainer=fsdp shards units of one dtype"):

@@ -53,7 +53,8 @@ def _check_precision(cfg: DictConfig) -> None:
         raise PipelineConfigError(
             f"trainer.precision={precision} would train the weights in low precision (Adam steps of "
             "lr 2e-5 vanish below half a bf16 ulp); use trainer.precision=bf16-mixed (autocast, fp32 "
-            "weights and optimizer state) and model.frozen_dtype=bfloat16 to store frozen weights small")
+            "weights and optimizer state) and model.frozen_dtype=float16 (a fp16 checkpoint's own dtype) or "
+            "bfloat16 to store frozen weights small")
     frozen = cfg.model.frozen_dtype
     if frozen not in DTYPES:
         raise PipelineConfigError(f"model.frozen_dtype={frozen}: choose one of {list(DTYPES)}")
@@ -66,7 +67,7 @@ def _check_precision(cfg: DictConfig) -> None:
     target = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy or "")
     if frozen != "float32" and "fsdp" in target.lower():
         raise PipelineConfigError(
-            f"trainer=fsdp shards units of one dtype: model.frozen_dtype={frozen} mixes bf16 frozen and "
+            f"trainer=fsdp shards units of one dtype: model.frozen_dtype={frozen} mixes {frozen} frozen and "
             "fp32 trainable weights in a unit; set model.frozen_dtype=float32 with trainer=fsdp")
     if cfg.eval.dtype not in DTYPES:
         raise PipelineConfigError(f"eval.dtype={cfg.eval.dtype}: choose one of {list(DTYPES)}")
