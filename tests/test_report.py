@@ -320,6 +320,8 @@ def test_rerender_keeps_everything_and_adds_new_runs(tmp_path: Path) -> None:
 def test_scales_default_to_cpu_and_found_ones_but_not_smoke() -> None:
     assert scales_to_render(["smoke", "paper", "cpu"], None) == ["cpu", "paper"]
     assert scales_to_render(["smoke"], ["smoke"]) == ["smoke"]
+    assert scales_to_render(["smoke", "demo"], None, fresh=True) == ["demo"]
+    assert scales_to_render(["smoke"], None, fresh=True) == ["smoke"]
 
 
 # ------------------------------------------------------------------------------ W&B
@@ -624,16 +626,26 @@ def test_a_seed_whose_base_misses_its_own_passkeys_is_left_out_of_the_passkey_ta
 
 
 def test_rendering_only_smoke_runs_names_the_scale_to_render(tmp_path: Path, capsys) -> None:
+    """Into an earlier render (results/) the default scales stand (cpu: refused, with the hint);
+    into a new folder, the documented `make report RUNS=runs OUT=runs/report` renders the scales
+    found (it was refused until REPORT_ARGS named them), and its command says which."""
     runs = tmp_path / "runs"
     make_run(runs, "addition/smoke", "tape", 0, "20261123-100000-aaaaaa-0",
              {"task": "addition", "mean_accuracy": 50.0}, {"task": {"name": "addition"}})
-    assert report_main(["--runs", str(runs), "--out", str(tmp_path / "report")]) == 1
+    rendered = tmp_path / "results"
+    rendered.mkdir()
+    (rendered / "runs.csv").write_text("experiment,pe,seed,used\n")
+    assert report_main(["--runs", str(runs), "--out", str(rendered)]) == 1
     err = capsys.readouterr().err
     assert "no finished run at scale cpu" in err
     assert (f'its finished runs are at scale smoke: render only those into another folder, make report '
             f'RUNS={runs} OUT=runs/report REPORT_ARGS="--scale smoke"') in err
-    assert not (tmp_path / "report").exists()
-    assert report_main(["--runs", str(runs), "--out", str(tmp_path / "report"), "--scale", "smoke"]) == 0
+    assert report_main(["--runs", str(runs), "--out", str(tmp_path / "report")]) == 0
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert "Scales rendered: smoke." in readme
+    assert report_main(["--runs", str(runs), "--out", str(tmp_path / "again"), "--scale", "smoke"]) == 0
+    assert f"python -m pipelines.report --runs {runs} --out {tmp_path / 'again'} --scale smoke`" in (
+        tmp_path / "again" / "README.md").read_text()
 
 
 def test_a_render_that_would_drop_a_scale_or_some_seeds_is_refused(tmp_path: Path) -> None:

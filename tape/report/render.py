@@ -67,11 +67,16 @@ class Rendered:
     sections: list[Section]
 
 
-def scales_to_render(found: Sequence[str], requested: Sequence[str] | None) -> list[str]:
-    """``requested`` when given; else cpu plus every scale found except the test presets."""
+def scales_to_render(found: Sequence[str], requested: Sequence[str] | None, fresh: bool = False) -> list[str]:
+    """``requested`` when given; into a ``fresh`` folder (no earlier render), the scales found
+    (the test presets only when there is nothing else); else cpu plus every scale found except
+    the test presets."""
     if requested:
         return list(dict.fromkeys(requested))
-    return list(dict.fromkeys([*DEFAULT_SCALES, *sorted(s for s in found if s not in NOT_RESULTS)]))
+    results = sorted({s for s in found if s not in NOT_RESULTS})
+    if fresh:
+        return results or sorted(set(found))
+    return list(dict.fromkeys([*DEFAULT_SCALES, *results]))
 
 
 class CarriedSection(Section):
@@ -223,7 +228,8 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
     tables prefer each preset's own runs (pipelines.presets.preset_setting)."""
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     runs = find_runs(runs_dir)
-    chosen = scales_to_render([r.scale for r in runs], scales)
+    fresh = not (out_dir / "runs.csv").is_file()  # no earlier render to keep
+    chosen = scales_to_render([r.scale for r in runs if r.finished or not fresh], scales, fresh)
     carried = to_carry(runs, out_dir, chosen, runs_dir) if carry_over else []
     problems = [] if allow_empty else would_lose(runs, out_dir, chosen, runs_dir, carried)
     if problems:
@@ -254,6 +260,7 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
     listed = inventory_csv(runs, chosen, runs_dir, preset)
     _write(out_dir / "runs.csv", listed + _carried_rows(carried, listed), written)
     command = f"python -m pipelines.report --runs {runs_dir} --out {out_dir}"
+    command += "".join(f" --scale {s}" for s in dict.fromkeys(scales or ()))
     command += " --carry-over" if carry_over else ""
     readme = [
         "# Results",
