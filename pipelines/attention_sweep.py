@@ -1,6 +1,6 @@
 """The attention operator by sequence length, forward and forward+backward (tape/bench/sweep.py):
 ``python -m pipelines.attention_sweep --device cuda [--out DIR]`` writes DIR/sweep.json and
-DIR/sweep.md (default runs/benchmark/sweep/<time>/); a step of ``make gpu-check``."""
+DIR/sweep.md (default runs/benchmark/sweep/<time>/); a step of ``make gpu-measure``."""
 
 from __future__ import annotations
 

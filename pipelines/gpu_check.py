@@ -11,7 +11,8 @@ overwritten), the training runs in ``runs/gpu-check/<time>/runs``. Steps that ti
 2. the compiled Triton kernel and the sync-free training step (the other ``pytest -m cuda`` tests);
 3. the TAPE model at the paper's 155M shape, N = 1024, bf16 autocast: Triton kernel vs SDPA vs
    float64 logits and gradients (``python -m pipelines.gpu_check model``);
-4. ``pipelines.train`` on CUDA: every experiment's smoke preset with bf16-mixed, FSDP on one GPU
+4. ``pipelines.train`` on CUDA: six experiments' smoke presets (``SMOKE_EXPERIMENTS``; not SCROLLS,
+   which needs a pretraining run and its data, nor the claim tasks) with bf16-mixed, FSDP on one GPU
    with gradient clipping on, and TAPE on addition/smoke through ``torch.compile`` (``compile=true``);
 5. addition/smoke interrupted, resumed with ``ckpt_path=last`` and evaluated with
    ``pipelines.evaluate device=cuda``, each by its command line (``python -m pipelines.gpu_check resume``);
