@@ -132,6 +132,11 @@ def test_find_runs_reads_layout_and_skips_wandb_models_multirun(tmp_path: Path) 
     (runs / "context_extension/models/base-123").mkdir(parents=True)
     found = find_runs(runs)
     assert len(found) == 10
+    fires = find_runs(runs, under="addition/cpu/fire/0")  # one folder's (SCROLLS' pretrained_run=last)
+    assert fires and [str(r.path) for r in fires] == [str(r.path) for r in found if (r.experiment, r.pe, r.seed)
+                                                       == ("addition/cpu", "fire", 0)]
+    assert find_runs(runs, under="addition/cpu/fire/0")[0].experiment == "addition/cpu"
+    assert find_runs(runs, under="nowhere/cpu") == []
     by_name = {r.name: r for r in found}
     fire = by_name["20261122-205210-0835a8-3"]
     assert (fire.experiment, fire.pe, fire.seed, fire.finished) == ("addition/cpu", "fire", 0, False)
@@ -320,8 +325,11 @@ def test_rerender_keeps_everything_and_adds_new_runs(tmp_path: Path) -> None:
 def test_scales_default_to_cpu_and_found_ones_but_not_smoke() -> None:
     assert scales_to_render(["smoke", "paper", "cpu"], None) == ["cpu", "paper"]
     assert scales_to_render(["smoke"], ["smoke"]) == ["smoke"]
-    assert scales_to_render(["smoke", "demo"], None, fresh=True) == ["demo"]
-    assert scales_to_render(["smoke"], None, fresh=True) == ["smoke"]
+    assert scales_to_render(["smoke", "demo"], None) == ["demo"]
+    assert scales_to_render(["smoke"], None) == ["smoke"]  # only test runs: those
+    assert scales_to_render([], None) == ["cpu"]  # nothing: cpu, whose missing runs are named
+    assert scales_to_render(["paper"], None, rendered=["cpu", "cpu"]) == ["cpu", "paper"]  # results/ keeps cpu
+    assert scales_to_render(["smoke"], None, rendered=["smoke"]) == ["smoke"]
 
 
 # ------------------------------------------------------------------------------ W&B
@@ -626,26 +634,30 @@ def test_a_seed_whose_base_misses_its_own_passkeys_is_left_out_of_the_passkey_ta
 
 
 def test_rendering_only_smoke_runs_names_the_scale_to_render(tmp_path: Path, capsys) -> None:
-    """Into an earlier render (results/) the default scales stand (cpu: refused, with the hint);
-    into a new folder, the documented `make report RUNS=runs OUT=runs/report` renders the scales
-    found (it was refused until REPORT_ARGS named them), and its command says which."""
+    """Into a render of cpu runs (results/) the cpu scale stays (refused, with the hint); into a
+    new folder, the documented `make report RUNS=runs OUT=runs/report` renders the scales found
+    (it was refused until REPORT_ARGS named them), again and again; runs dir with no runs (a
+    typo) is refused, not rendered empty."""
     runs = tmp_path / "runs"
     make_run(runs, "addition/smoke", "tape", 0, "20261123-100000-aaaaaa-0",
              {"task": "addition", "mean_accuracy": 50.0}, {"task": {"name": "addition"}})
     rendered = tmp_path / "results"
     rendered.mkdir()
-    (rendered / "runs.csv").write_text("experiment,pe,seed,used\n")
+    (rendered / "runs.csv").write_text("experiment,task,scale,pe,seed,status,used\n"
+                                       "addition/cpu,addition,cpu,rope,0,finished,yes\n")
     assert report_main(["--runs", str(runs), "--out", str(rendered)]) == 1
     err = capsys.readouterr().err
     assert "no finished run at scale cpu" in err
     assert (f'its finished runs are at scale smoke: render only those into another folder, make report '
             f'RUNS={runs} OUT=runs/report REPORT_ARGS="--scale smoke"') in err
-    assert report_main(["--runs", str(runs), "--out", str(tmp_path / "report")]) == 0
-    readme = (tmp_path / "report" / "README.md").read_text()
-    assert "Scales rendered: smoke." in readme
+    for _ in range(2):  # the second render reads the first one's runs.csv
+        assert report_main(["--runs", str(runs), "--out", str(tmp_path / "report")]) == 0
+        assert "Scales rendered: smoke." in (tmp_path / "report" / "README.md").read_text()
     assert report_main(["--runs", str(runs), "--out", str(tmp_path / "again"), "--scale", "smoke"]) == 0
     assert f"python -m pipelines.report --runs {runs} --out {tmp_path / 'again'} --scale smoke`" in (
         tmp_path / "again" / "README.md").read_text()
+    assert report_main(["--runs", str(tmp_path / "typo"), "--out", str(tmp_path / "empty")]) == 1
+    assert "no finished run at scale cpu" in capsys.readouterr().err and not (tmp_path / "empty").exists()
 
 
 def test_a_render_that_would_drop_a_scale_or_some_seeds_is_refused(tmp_path: Path) -> None:

@@ -67,16 +67,15 @@ class Rendered:
     sections: list[Section]
 
 
-def scales_to_render(found: Sequence[str], requested: Sequence[str] | None, fresh: bool = False) -> list[str]:
-    """``requested`` when given; into a ``fresh`` folder (no earlier render), the scales found
-    (the test presets only when there is nothing else); else cpu plus every scale found except
-    the test presets."""
+def scales_to_render(found: Sequence[str], requested: Sequence[str] | None,
+                     rendered: Sequence[str] = ()) -> list[str]:
+    """``requested`` when given; else the scales the folder ``rendered`` before (its runs.csv)
+    and every scale found except the test presets, cpu first; with neither, the test presets
+    found; with none at all, cpu (whose missing runs are then named)."""
     if requested:
         return list(dict.fromkeys(requested))
-    results = sorted({s for s in found if s not in NOT_RESULTS})
-    if fresh:
-        return results or sorted(set(found))
-    return list(dict.fromkeys([*DEFAULT_SCALES, *results]))
+    chosen = {*rendered, *(s for s in found if s not in NOT_RESULTS)}
+    return sorted(chosen or set(found) or set(DEFAULT_SCALES), key=lambda s: (s not in DEFAULT_SCALES, s))
 
 
 class CarriedSection(Section):
@@ -228,8 +227,8 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
     tables prefer each preset's own runs (pipelines.presets.preset_setting)."""
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     runs = find_runs(runs_dir)
-    fresh = not (out_dir / "runs.csv").is_file()  # no earlier render to keep
-    chosen = scales_to_render([r.scale for r in runs if r.finished or not fresh], scales, fresh)
+    rendered = [row["scale"] for row in _read_runs_csv(out_dir) if row.get("scale")]
+    chosen = scales_to_render([r.scale for r in runs], scales, rendered)
     carried = to_carry(runs, out_dir, chosen, runs_dir) if carry_over else []
     problems = [] if allow_empty else would_lose(runs, out_dir, chosen, runs_dir, carried)
     if problems:
