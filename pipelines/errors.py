@@ -12,6 +12,11 @@ class PipelineConfigError(CompactHydraException, ValueError):
     (HYDRA_FULL_ERROR=1 shows the traceback)."""
 
 
+class RunNotThereYet(PipelineConfigError):
+    """A setting asks for another run that has not finished (``task.pretrained_run=last``):
+    a sweep's other jobs still start, and this job reports it at its turn."""
+
+
 class JobFailed(CompactHydraException):
     """A multirun job failed; its own error was logged where it happened (printed once)."""
 

@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.errors import PipelineConfigError
+from pipelines.errors import PipelineConfigError, RunNotThereYet
 from pipelines.hydra_conf import CONF_DIR
 from pipelines.run_dirs import RUN_CLAIM, is_rank_zero
 
@@ -154,6 +154,8 @@ def sweep_problem(config_name: str, overrides: list[str],
             continue
         try:
             check_job(cfg)
+        except RunNotThereYet:  # e.g. one PE's pretraining failed: the other PEs' jobs still run
+            continue
         except PipelineConfigError as err:
             failures.setdefault(str(err), []).append(label)
         except Exception:  # noqa: BLE001 - not a settings error: the job meets it, and reports it

@@ -263,3 +263,17 @@ def test_the_multirun_flag_goes_first_wherever_it_was_given() -> None:
     assert multirun_flag_first(["a=1", "-m", "b=2,3"]) == ["-m", "a=1", "b=2,3"]
     assert multirun_flag_first(["a=1", "--cfg", "job", "--multirun"]) == ["--multirun", "a=1", "--cfg", "job"]
     assert multirun_flag_first(["a=1"]) == ["a=1"]
+
+
+def test_a_sweep_job_waiting_for_another_run_does_not_stop_the_others(tmp_path: Path) -> None:
+    """SCROLLS with task.pretrained_run=last over PEs: one PE's missing pretraining is that job's
+    error at its turn (as before); the PEs that have one still fine-tune."""
+    from pipelines.errors import RunNotThereYet
+    from pipelines.train import check_settings
+
+    cfg = compose_config("config", ["experiment=scrolls/smoke", "task.pretrained_run=last",
+                                    f"paths.runs_dir={tmp_path}"])
+    with pytest.raises(RunNotThereYet, match="task.pretrained_run=last: no finished run matches"):
+        check_settings(cfg)
+    preflight("config", ["-m", "experiment=scrolls/smoke", "pe=rope,tape", "task.pretrained_run=last",
+                         f"paths.runs_dir={tmp_path}"], check_settings)

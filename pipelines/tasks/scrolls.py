@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from pipelines.errors import PipelineConfigError
+from pipelines.errors import PipelineConfigError, RunNotThereYet
 from pipelines.models import model_config
 from pipelines.result_files import Row, read_jsonl_rows
 from pipelines.tasks import register
@@ -47,11 +47,12 @@ def _find_pretrained(cfg: DictConfig) -> Path:
             "or task.pretrained_run=last for the newest finished one with this pe and seed"
         )
     if value == "last":  # the run the report and the reproduction count as this PE's and seed's
-        pattern = f"{cfg.task.pretrain_experiment}/{cfg.pe.name}/{cfg.seed}/*/metrics.json"
+        folder = f"{cfg.task.pretrain_experiment}/{cfg.pe.name}/{cfg.seed}"  # this PE's and seed's runs only
+        pattern = f"{folder}/*/metrics.json"
         key = (str(cfg.task.pretrain_experiment), str(cfg.pe.name), int(cfg.seed))
-        newest = latest_finished(find_runs(cfg.paths.runs_dir)).get(key)
+        newest = latest_finished(find_runs(cfg.paths.runs_dir, under=folder)).get(key)
         if newest is None:
-            raise PipelineConfigError(
+            raise RunNotThereYet(
                 f"task.pretrained_run=last: no finished run matches {Path(cfg.paths.runs_dir) / pattern}; "
                 f"pretrain first (python -m pipelines.train experiment={cfg.task.pretrain_experiment} "
                 f"pe={cfg.pe.name} seed={cfg.seed})"

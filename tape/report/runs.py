@@ -172,13 +172,15 @@ def _claimed(run_dir: Path) -> bool:
     return (run_dir / "command.txt").is_file() or (run_dir / "metrics.json").is_file()
 
 
-def find_runs(runs_root: str | Path) -> list[Run]:
-    """Every run directory under ``runs_root`` (finished or not), sorted by path."""
+def find_runs(runs_root: str | Path, under: str | None = None) -> list[Run]:
+    """Every run directory under ``runs_root`` (finished or not), sorted by path; with ``under``
+    (e.g. ``pretrain/cpu/tape/0``), only those in that folder of it."""
     root = Path(runs_root)
-    if not root.is_dir():
+    start = root / under if under else root
+    if not start.is_dir():
         return []
     found: list[Run] = []
-    stack = [root]
+    stack = [start]
     while stack:
         here = stack.pop()
         for child in sorted(p for p in here.iterdir() if p.is_dir()):
