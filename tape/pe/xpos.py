@@ -3,8 +3,9 @@
 q is scaled by zeta_b^(p(t)) and k by zeta_b^(-p(t)), p(t) = (t - c) / scale_base,
 zeta_b = (2b + 0.4 d) / (1.4 d). The product depends on t_q - t_k only, so the centre c
 (max_seq_len // 2, for numerical range) cancels; we keep it fixed rather than re-centring when a
-sequence outgrows the cache as the official code did, which changes nothing mathematically and
-keeps the KV cache valid.
+sequence outgrows the cache as the official code did, which changes nothing in exact arithmetic
+and keeps the KV cache valid. In fp16 the scales leave the range far from c (k's is inf at
+t = 19,000 with max_seq_len 1024); every evaluation here stays below 8,500 tokens.
 """
 
 from __future__ import annotations
