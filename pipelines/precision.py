@@ -12,17 +12,21 @@ AUTOCAST = ("bf16-mixed", "16-mixed")
 FULL = ("32", "32-true", "64", "64-true")
 
 
+def known_precision(precision: str, key: str, choices: str) -> str:
+    """``precision`` when it is a full or a mixed (autocast) precision; else the error naming
+    ``key`` and its ``choices``."""
+    if precision not in (*AUTOCAST, *FULL):
+        raise PipelineConfigError(f"{key}={precision}: choose {choices}")
+    return precision
+
+
 def evaluation_precision(cfg) -> str:
     """The precision of ``pipelines.train``'s evaluation: ``eval_precision``, else the trainer's;
     an unknown value is named before training starts (``check_trainer``)."""
     value = cfg.get("eval_precision")
-    key = "trainer.precision" if value is None else "eval_precision"
-    precision = str(cfg.trainer.precision if value is None else value)
-    if precision not in (*AUTOCAST, *FULL):
-        choices = ("32-true, bf16-mixed or 16-mixed" if value is None
-                   else "null (the trainer's), 32, bf16-mixed or 16-mixed")
-        raise PipelineConfigError(f"{key}={precision}: choose {choices}")
-    return precision
+    if value is None:
+        return known_precision(str(cfg.trainer.precision), "trainer.precision", "32-true, bf16-mixed or 16-mixed")
+    return known_precision(str(value), "eval_precision", "null (the trainer's), 32, bf16-mixed or 16-mixed")
 
 
 def eval_autocast(device_type: str, precision: str) -> ContextManager:
@@ -32,10 +36,8 @@ def eval_autocast(device_type: str, precision: str) -> ContextManager:
     precision = str(precision)
     if precision == "auto":
         precision = "bf16-mixed" if device_type == "cuda" else "32"
-    if precision in FULL:
+    if known_precision(precision, "precision", "auto, 32, bf16-mixed or 16-mixed") in FULL:
         return contextlib.nullcontext()
-    if precision not in AUTOCAST:
-        raise PipelineConfigError(f"precision={precision}: choose auto, 32, bf16-mixed or 16-mixed")
     import torch  # here, not at import: pipelines.train reports config errors before torch loads
 
     return torch.autocast(device_type, dtype=torch.bfloat16 if precision == "bf16-mixed" else torch.float16)
