@@ -426,3 +426,36 @@ def test_on_cuda_tape_fused_is_counted_with_one_qk():
 
     assert op_flops("tape_fused", "cuda") == op_flops("tape_triton", "cuda")  # one QKᵀ, as the kernel
     assert op_flops("tape_fused", "cpu") > op_flops("tape_fused", "cuda")  # the CPU's padded call
+
+
+def test_the_sweep_counts_tape_fused_as_it_runs_on_cuda(monkeypatch):
+    """On CUDA tape_fused is one QKᵀ (the Triton kernel); the sweep counted the CPU's padded
+    layout there (2.0x RoPE's fwd+bwd FLOPs, not 1.5x), inflating its TFLOP/s by 1.33."""
+    import tape.bench.sweep as sweep_mod
+    from tape.bench.variants import make_variants
+
+    monkeypatch.setattr(sweep_mod, "not_run_reason", lambda v, device: "not run: counted only")
+    monkeypatch.setattr(sweep_mod, "time_interleaved", lambda fns, warmup, repeats, device: {})
+    settings = sweep_mod.SweepSettings(seq_lens=[1024], tokens=1024, d_model=64, n_heads=2, warmup=0, repeats=1)
+    variants = [v for v in make_variants(["tape", "rope"], ["fused", "triton"]) if v.label in ("tape_fused", "tape_triton", "rope")]
+    row = sweep_mod._one_length(settings, variants, 1024, torch.device("cuda"), torch.float32, log=lambda m: None)
+    flops = {label: row[label]["flops"]["forward_backward"] for label in row}
+    assert flops["tape_fused"] == flops["tape_triton"]
+    assert 1.45 < flops["tape_fused"] / flops["rope"] < 1.6
+
+
+def test_cuda_peaks_reports_the_step_added_and_the_total(monkeypatch):
+    """The memory target is judged on a step's whole peak (weights and AdamW state in it); the
+    added peak alone overstated TAPE / RoPE (1.155 against about 1.11 on the H200)."""
+    from tape.bench import memory
+
+    allocated = {"now": 100, "peak": 100}
+
+    def step():
+        allocated["peak"] = 160
+
+    monkeypatch.setattr(memory, "synchronize", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: allocated["now"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: allocated.update(peak=allocated["now"]))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: allocated["peak"])
+    assert memory.cuda_peaks(step, torch.device("cuda")) == {"cuda_peak_bytes": 60, "cuda_total_peak_bytes": 160}

@@ -357,16 +357,24 @@ def test_the_page_judges_the_operator_target_by_length_from_a_gpu_sweep(tmp_path
     def timed(seconds: float, ratio: float, tflops: float) -> dict:
         return {"forward_backward": {"time_s": {"median_s": seconds}, "vs_rope": ratio, "tflops": tflops}}
 
-    sweep = {"settings": {"device": "cuda", "dtype": "bfloat16"},
+    sweep = {"settings": {"device": "cuda:0", "dtype": "bfloat16", "d_model": 768, "n_heads": 12},
              "rows": {"1024": {"rope": timed(1.0, 1.0, 300.0), "tape_triton": timed(1.8, 1.8, 250.0),
-                               "tape_flex": timed(1.5, 1.5, 290.0), "tape_unfused": {"not_run": "not run: x"}}}}
+                               "tape_flex": timed(1.5, 1.5, 290.0), "tape_unfused": {"not_run": "not run: x"}},
+                      "2048": {"rope": timed(3.0, 1.0, 400.0), "tape_triton": timed(6.0, 2.0, 100.0)}}}
     (window / "sweep").mkdir()
     (window / "sweep" / "sweep.json").write_text(json.dumps(sweep))
     gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
     text = (tmp_path / "gpu.md").read_text()
-    assert "| 1024 | triton | 1.800 | missed | 250.0 | 300.0 |" in text
-    assert "| 1024 | flex | 1.500 | met | 290.0 | 300.0 |" in text and "| 1024 | two_calls |" not in text
-    assert "N = 1024: flex." in text
+    assert "| 1024 | triton | 1.800 | missed | 250.0 | 300.0 | 0.83 | met |" in text  # TFLOP/s share >= 0.6
+    assert "| 1024 | flex | 1.500 | met | 290.0 | 300.0 | 0.97 | - |" in text and "| 1024 | two_calls |" not in text
+    assert "| 2048 | triton | 2.000 | not judged | 100.0 | 400.0 | 0.25 | not judged |" in text  # N = 1024 only
+    (window / "sweep" / "sweep.json").write_text(json.dumps({**sweep, "settings": {"device": "cuda", "dtype": "float32"}}))
+    gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
+    assert "| 1024 | triton | 1.800 | not judged |" in (tmp_path / "gpu.md").read_text()  # not bf16
+    (window / "sweep" / "sweep.json").write_text(json.dumps(sweep))
+    gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
+    text = (tmp_path / "gpu.md").read_text()
+    assert "N = 1024: flex; N = 2048: triton." in text
     (window / "sweep" / "sweep.json").write_text(json.dumps({**sweep, "settings": {"device": "cpu"}}))
     gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
     assert "Attention operator target by length" not in (tmp_path / "gpu.md").read_text()
@@ -449,10 +457,20 @@ def test_the_page_judges_the_efficiency_targets_from_a_gpu_benchmark(tmp_path: P
     window = Path("results/gpu-check/20261127-185221")
     efficiency = json.loads((window / "benchmark" / "efficiency.json").read_text())
     rows = [line for line in targets_md(efficiency) if line.startswith("| ") and "step time" not in line]
-    assert len(rows) == 6 and all(len(re.findall(r"(?<!\\)\|", r)) == 8 for r in rows)  # no bare | in a cell
+    assert len(rows) == 6 and all(len(re.findall(r"(?<!\\)\|", r)) == 9 for r in rows)  # no bare | in a cell
     triton = next(r for r in rows if r.startswith("| the Triton kernel |"))
     ratio = efficiency["tape_vs_rope"]["train_step"]["triton"]["time_paired"]["median"]
     assert f"{ratio:.3f}" in triton and ("missed" in triton) == (ratio > STEP_TIME_TARGET)
+    # this window recorded the step's added peak only: the column says so
+    assert any("peak memory / RoPE (above the step's start" in line for line in targets_md(efficiency))
+    # a path that did not run, and a run off the targets' shape: shown, never judged, no crash
+    broken = json.loads(json.dumps(efficiency))
+    broken["tape_vs_rope"]["train_step"]["triton"] = {"flops": 1.06}
+    broken["train_step"]["config"]["n_layers"] = 2
+    lines = targets_md(broken)
+    assert "Not judged: the targets hold at the 155M shape, N = 1024, bf16 (n_layers 2)." in lines[0]
+    assert not any("| met |" in r or "| missed |" in r for r in lines)
+    assert "| the Triton kernel | - ± - | not judged | - | not judged | - | 2.89 | 1.060 |" in lines
     cpu_window = tmp_path / "cpu"
     (cpu_window / "benchmark").mkdir(parents=True)
     efficiency["machine"]["device"] = "cpu"

@@ -74,12 +74,20 @@ def saved_tensors_by_shape(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()
 
 def cuda_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
     """Peak bytes allocated by ``fn`` on ``device`` above what was allocated before it."""
+    return cuda_peaks(fn, device)["cuda_peak_bytes"]
+
+
+def cuda_peaks(fn: Callable[[], Any], device: torch.device) -> dict[str, int]:
+    """Peak bytes allocated on ``device`` while ``fn`` runs: above what was allocated before it
+    (``cuda_peak_bytes``: a step's activations and transients) and in all
+    (``cuda_total_peak_bytes``: with the weights and optimizer state already there)."""
     synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     fn()
     synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - base
+    peak = torch.cuda.max_memory_allocated(device)
+    return {"cuda_peak_bytes": peak - base, "cuda_total_peak_bytes": peak}
 
 
 def _status_kib(field: str) -> int:

@@ -106,11 +106,12 @@ def _train(res: dict[str, Any]) -> list[str]:
     c = sec["config"]
     rows = sec["rows"]
     any_row = next(r for r in rows.values() if "not_run" not in r)
-    mem_keys = [k for k in ("saved_activation_bytes", "rss_step_peak_bytes", "cuda_peak_bytes")
+    mem_keys = [k for k in ("saved_activation_bytes", "rss_step_peak_bytes", "cuda_peak_bytes", "cuda_total_peak_bytes")
                 if k in any_row["memory"]]
     mem_names = {"saved_activation_bytes": "saved for backward (MiB)",
                  "rss_step_peak_bytes": "peak RSS of a step (MiB)",
-                 "cuda_peak_bytes": "CUDA peak of a step (MiB)"}
+                 "cuda_peak_bytes": "CUDA peak of a step above its start (MiB)",
+                 "cuda_total_peak_bytes": "CUDA peak of a step in all, weights and AdamW state included (MiB)"}
     body = []
     for key, r in rows.items():
         vs = r.get("vs_rope", {})
@@ -348,8 +349,8 @@ def default_notes(res: dict[str, Any]) -> list[str]:
         notes.append(
             "**Not run here.** The paper-scale GPU run (`python -m pipelines.benchmark device=cuda "
             "scale=paper`: the 155M model, bf16, the Triton [V | E] kernel and flash-attn when "
-            "installed) was not run for this file: no GPU was available, so the Triton kernel's row "
-            "says so (its correctness is tested on CPU under the Triton interpreter; it has never "
-            "been timed or compiled for a GPU here). That path synchronises the device around every timed call "
-            "and reports `torch.cuda.max_memory_allocated`.")
+            "installed) was not run for this file, so the Triton kernel's row says so (its correctness "
+            "is tested on CPU under the Triton interpreter; its GPU windows are in results/gpu.md). That "
+            "path synchronises the device around every timed call and reports "
+            "`torch.cuda.max_memory_allocated`.")
     return notes

@@ -13,7 +13,7 @@ import tape.pe as pe_registry
 from tape.bench.attention_op import build_attention_op
 from tape.bench.flops import META, count_flops, model_costs
 from tape.bench.machine import library_versions, machine_info, peak_bf16_flops
-from tape.bench.memory import cuda_peak_bytes, rss_in_subprocess, saved_tensor_bytes, saved_tensors_by_shape
+from tape.bench.memory import cuda_peak_bytes, cuda_peaks, rss_in_subprocess, saved_tensor_bytes, saved_tensors_by_shape
 from tape.bench.timing import paired_ratio, time_interleaved
 from tape.bench.train_step import TrainStep
 from tape.bench.variants import DEFAULT_TAPE_MODES, Variant, counted_config, counted_on, make_variants, not_run_reason
@@ -216,14 +216,14 @@ def _step_memory(cfg: ModelConfig, pe: str, t: TrainSettings, seed: int, device:
     if pe in ("tape", "rope"):  # explains TAPE's memory gap tensor by tensor
         mem["saved_by_tensor"] = saved_tensors_by_shape(step.loss, exclude=params)
     if device.type == "cuda":
-        mem["cuda_peak_bytes"] = cuda_peak_bytes(step, device)
+        mem.update(cuda_peaks(step, device))  # the step's added peak, and in all
     del step, params
     _release(device)
     return mem
 
 
 def _memory_keys(row: dict[str, Any]) -> list[str]:
-    return [k for k in ("saved_activation_bytes", "rss_step_peak_bytes", "cuda_peak_bytes")
+    return [k for k in ("saved_activation_bytes", "rss_step_peak_bytes", "cuda_peak_bytes", "cuda_total_peak_bytes")
             if isinstance(row.get("memory", {}).get(k), (int, float))]
 
 

@@ -19,7 +19,7 @@ import torch
 from tape.bench.attention_op import AttentionOp, build_attention_op
 from tape.bench.flops import META, count_flops
 from tape.bench.timing import time_interleaved
-from tape.bench.variants import TAPE_MODES, Variant, counted_config, make_variants, not_run_reason
+from tape.bench.variants import TAPE_MODES, Variant, counted_on, make_variants, not_run_reason
 from tape.model import ModelConfig
 from tape.pe.tape import TAPELayer
 
@@ -120,7 +120,7 @@ def _one_length(s: SweepSettings, variants: list[Variant], n: int, device: torch
     calls: dict[str, dict[str, Callable[[], Any]]] = {"forward": {}, "forward_backward": {}}
     for v in variants:
         cfg = v.config(base)
-        meta = build_attention_op(counted_config(v, cfg), batch, n, META, dtype, s.seed)
+        meta = build_attention_op(counted_on(v, cfg, device), batch, n, META, dtype, s.seed)  # as it runs there
         row[v.label] = {"batch": batch, "flops": {"forward": count_flops(_forward(meta)),
                                                   "forward_backward": count_flops(_with_grads(meta))}}
         why = not_run_reason(v, device)
