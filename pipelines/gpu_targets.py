@@ -11,8 +11,11 @@ STEP_TIME_TARGET = 1.10  # training step, TAPE / RoPE
 STEP_MEMORY_TARGET = 1.10  # peak memory of a step, TAPE / RoPE
 OP_TIME_TARGET = 1.6  # attention operator, forward + backward, TAPE / RoPE
 KERNEL_TFLOPS_SHARE = 0.6  # the Triton kernel's TFLOP/s over SDPA-flash's (RoPE's), at least
-TARGET_SHAPE = {"n_layers": 12, "d_model": 768, "seq_len": 1024}
-"""The targets hold at the paper's 155M shape, N = 1024, in bf16; other runs are shown, not judged."""
+TARGET_SHAPE = {"vocab_size": 32000, "n_layers": 12, "d_model": 768, "n_heads": 12, "n_kv_heads": None,
+                "d_ff": None, "seq_len": 1024, "batch": 4}
+"""The targets hold at the paper's 155M shape, N = 1024, in bf16, at the benchmark's paper-scale
+batch (a whole-step peak counts weights and AdamW state, so its ratio falls with the batch);
+other runs are shown, not judged."""
 DEVICE_BOUND_SHARE = 0.9
 """An eager step profile judges TAPE / RoPE against the step-time target only at batch sizes where
 RoPE's device is busy for at least this share of its wall time; below it the step waits on the
@@ -57,7 +60,7 @@ def targets_md(efficiency: dict) -> list[str]:
              f"{shape['batch']} x {shape['seq_len']} tokens, on {efficiency['machine'].get('gpu')}; "
              f"targets: step time <= {STEP_TIME_TARGET}, peak memory <= {STEP_MEMORY_TARGET} "
              "(the issue's; the forward-only operator has none, its fwd+bwd target is judged by "
-             "the sweep)." + (f" Not judged: the targets hold at the 155M shape, N = 1024, bf16 ({off})."
+             "the sweep)." + (f" Not judged: the targets hold at the 155M shape, N = 1024, batch 4, bf16 ({off})."
                               if off else ""), "",
              f"| TAPE path | step time / RoPE (paired) | time target | {peak_name} | memory target "
              "| step's added peak / RoPE | attention op, forward / RoPE | FLOPs / RoPE (step) |",

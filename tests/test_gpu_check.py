@@ -468,7 +468,11 @@ def test_the_page_judges_the_efficiency_targets_from_a_gpu_benchmark(tmp_path: P
     broken["tape_vs_rope"]["train_step"]["triton"] = {"flops": 1.06}
     broken["train_step"]["config"]["n_layers"] = 2
     lines = targets_md(broken)
-    assert "Not judged: the targets hold at the 155M shape, N = 1024, bf16 (n_layers 2)." in lines[0]
+    assert "Not judged: the targets hold at the 155M shape, N = 1024, batch 4, bf16 (n_layers 2)." in lines[0]
+    for key, value in (("batch", 1), ("vocab_size", 4096), ("n_heads", 6)):  # a smaller batch reads lower
+        other = json.loads(json.dumps(efficiency))
+        other["train_step"]["config"][key] = value
+        assert f"bf16 ({key} {value})." in targets_md(other)[0]
     assert not any("| met |" in r or "| missed |" in r for r in lines)
     assert "| the Triton kernel | - ± - | not judged | - | not judged | - | 2.89 | 1.060 |" in lines
     cpu_window = tmp_path / "cpu"

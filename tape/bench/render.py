@@ -170,7 +170,7 @@ def _summary(res: dict[str, Any]) -> list[str]:
             _label(f"tape_{name}"), _f(a.get("time"), ".2f"), _pm(b.get("time_paired")),
             _pm(b.get("cpu_time_paired")), _f(b.get("time_min"), ".3f"), _f(a.get("flops"), ".3f"),
             _f(b.get("flops"), ".3f"), _f(mem.get("saved_activation_bytes"), ".3f"),
-            _f(mem.get("rss_step_peak_bytes", mem.get("cuda_peak_bytes")), ".2f"),
+            _f(mem.get("rss_step_peak_bytes", mem.get("cuda_total_peak_bytes", mem.get("cuda_peak_bytes"))), ".2f"),
         ])
     paper = s["paper_table4"]
     head = [
@@ -317,9 +317,10 @@ def default_notes(res: dict[str, Any]) -> list[str]:
             "elementwise work).")
     if on_cuda:
         notes.append(
-            "**Memory (CUDA).** `torch.cuda.max_memory_allocated` during one step minus what was "
-            "allocated before it, each variant alone on the device (its weights and AdamW state are "
-            "what was allocated before). Saved-for-backward bytes "
+            "**Memory (CUDA).** `torch.cuda.max_memory_allocated` during one step, each variant "
+            "alone on the device: in all (weights and AdamW state included; the TAPE / RoPE "
+            "table's peak memory, where a run recorded it), and minus what was allocated before "
+            "the step (its activations and transients). Saved-for-backward bytes "
             "as on CPU. MFU uses the forward+backward FLOP count and the GPU's dense bf16 peak; "
             "GPUs not in the table get no MFU.")
         notes.append(
