@@ -148,6 +148,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     mc = source.model_config()
     if mc is not None and (need := task.positions_needed(task_cfg)) is not None:
         check_position_range(mc, *need)  # e.g. RandPE asked beyond its trained range
+    if mc is not None:
+        task.check_model(mc, task_cfg)  # e.g. addition's grid beyond the Abacus table
     autocast = eval_autocast(torch.device(device).type, str(cfg.precision))  # a bad precision fails here
     model, facts = source.load_model(device, str(cfg.dtype))  # a broken checkpoint fails here
     claim_run_dir(out_dir, OmegaConf.create({"run_dir": str(source.run_dir), "stage": source.stage,

@@ -136,6 +136,17 @@ def test_a_bad_change_to_the_runs_evaluation_is_named_before_its_dir_is_claimed(
     assert not (randpe_addition / "eval" / "bad").exists()
 
 
+def test_a_grid_beyond_the_abacus_table_is_refused_before_the_eval_dir_is_claimed(tmp_path: Path) -> None:
+    """Re-evaluated past model.abacus_max_index, the addition evaluation refused only after
+    <run>/eval/<id>/ was claimed."""
+    run = finished_run(tmp_path / "runs", "experiment=addition/smoke", "model.abacus=true",
+                       "model.abacus_max_index=8", "model.abacus_max_offset=0", "trainer.max_steps=2", "trainer.val_check_interval=2")
+    with pytest.raises(PipelineConfigError, match=r"task.eval_max_digits=9 gives answers of 10 digits: "
+                                                  r"Abacus index 10 > model.abacus_max_index=8"):
+        run_eval(run, "task.eval_max_digits=9", "task.examples_per_cell=1", name="wide")
+    assert not (run / "eval" / "wide").exists()
+
+
 def test_the_evaluations_preflight_leaves_paths_runs_dir_alone(randpe_addition: Path, tmp_path: Path) -> None:
     """It created an empty ./runs (paths.runs_dir) that an evaluation never writes to."""
     from pipelines.preflight import preflight

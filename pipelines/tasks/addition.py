@@ -75,6 +75,12 @@ def check(task_cfg: DictConfig) -> None:
             raise PipelineConfigError(f"task.{key}={value} must be >= {0 if key == 'eval_seed' else 1}")
 
 
+def check_model(mc: Any, task_cfg: DictConfig) -> None:
+    """The test grid fits the model's Abacus table (re-evaluated beyond it, the run's eval
+    directory was claimed first)."""
+    check_abacus_range(mc, int(task_cfg.eval_max_digits), "task.eval_max_digits", training=False)
+
+
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:
     """Tokens of the longest test sum, and the key that sets it."""
     from tape.data.addition import max_sequence_length
@@ -125,4 +131,5 @@ class Addition(Task):
     datamodule = staticmethod(datamodule)
     evaluate = staticmethod(evaluate)
     check = staticmethod(check)
+    check_model = staticmethod(check_model)
     positions_needed = staticmethod(positions_needed)

@@ -72,6 +72,9 @@ class Task:
     def check(self, task_cfg: DictConfig) -> None:
         """Check evaluation settings against an evaluated run (pipelines.evaluate, before loading)."""
 
+    def check_model(self, model_cfg: Any, task_cfg: DictConfig) -> None:
+        """Check evaluation settings against the evaluated model's ModelConfig (before loading)."""
+
     def adopt(self, task_cfg: DictConfig, source: Any, out_dir: Path) -> None:
         """Fill null settings from another run (a pipelines.run_source.RunSource) to evaluate it."""
         raise PipelineConfigError(
