@@ -87,7 +87,7 @@ def task_config(cfg: DictConfig, source: RunSource, out_dir: Path) -> DictConfig
 
 def check_rerun_changes(run_cfg: DictConfig, changes: dict[str, Any]) -> None:
     """Changes to a run's own evaluation name settings its task has (``+task.x=`` and keys of
-    another task were merged in and ignored); their values are the task's ``check``."""
+    another task were merged in and ignored); the task's ``check`` judges their values."""
     own = run_cfg.task
     if unknown := sorted(set(changes) - set(own)):
         raise PipelineConfigError(

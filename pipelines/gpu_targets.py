@@ -35,7 +35,7 @@ def _verdict(value: float | None, target: float, judged: bool = True, at_least: 
 
 
 def off_target_shape(efficiency: dict) -> str | None:
-    """Why a benchmark is not at the targets' shape and dtype (the 155M model, N = 1024, bf16),
+    """Why a benchmark is not at the targets' settings (the 155M model, N = 1024, batch 4, bf16),
     or None when it is."""
     shape = efficiency["train_step"]["config"]
     off = [f"{key} {shape.get(key)}" for key, want in TARGET_SHAPE.items() if shape.get(key) != want]
