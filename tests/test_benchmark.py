@@ -459,3 +459,21 @@ def test_cuda_peaks_reports_the_step_added_and_the_total(monkeypatch):
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: allocated.update(peak=allocated["now"]))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: allocated["peak"])
     assert memory.cuda_peaks(step, torch.device("cuda")) == {"cuda_peak_bytes": 60, "cuda_total_peak_bytes": 160}
+
+
+def test_the_benchmark_tables_give_tflops_beside_time():
+    """The issue asks for TFLOP/s beside time: the operator's and the step's tables have it, the
+    counted FLOPs over the median time (here the H200 window's committed benchmark)."""
+    import json
+    from pathlib import Path
+
+    from tape.bench.render import render_markdown
+
+    res = json.loads(Path("results/gpu-check/20261127-185221/benchmark/efficiency.json").read_text())
+    lines = render_markdown(res).splitlines()
+    for section, unit in (("attention_op", "ms / call"), ("train_step", "s / step")):
+        header = next(line for line in lines if f"| {unit} | TFLOP/s |" in line)
+        rope = next(line for line in lines[lines.index(header):] if line.startswith("| RoPE"))
+        row = res[section]["rows"]["rope"]
+        want = f"{row['flops'] / row['time_s']['median_s'] / 1e12:.3g}"
+        assert rope.split(" | ")[header.split(" | ").index("TFLOP/s")] == want

@@ -26,6 +26,11 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def _tflops(row: dict[str, Any]) -> str:
+    """Counted FLOPs over the median time, in TFLOP/s (the full N x N count, as the sweep's)."""
+    return f"{row['flops'] / row['time_s']['median_s'] / 1e12:.3g}"
+
+
 def _time_cell(t: dict[str, float], scale: float, fmt: str) -> str:
     """median [min, max] in the given unit."""
     return f"{t['median_s'] * scale:{fmt}} [{t['min_s'] * scale:{fmt}}, {t['max_s'] * scale:{fmt}}]"
@@ -75,13 +80,13 @@ def _op(res: dict[str, Any]) -> list[str]:
     for key, r in sec["rows"].items():
         vs = r.get("vs_rope", {})
         if "not_run" in r:
-            body.append([_label(key), r["backend"], f"{r['flops'] / 1e9:.4g}", r["not_run"], "", "", "",
+            body.append([_label(key), r["backend"], f"{r['flops'] / 1e9:.4g}", r["not_run"], "", "", "", "",
                          _f(vs.get("flops"), ".2f"), ""] + (["", ""] if on_cuda else []))
             continue
         paper = table4.get(key)
         body.append([
             _label(key), r["backend"], f"{r['flops'] / 1e9:.4g}",
-            _time_cell(r["time_s"], 1e3, ".2f"), f"{r['it_per_s']:.1f}",
+            _time_cell(r["time_s"], 1e3, ".2f"), _tflops(r), f"{r['it_per_s']:.1f}",
             _f(vs.get("time"), ".2f"), _f(vs.get("time_min"), ".2f"), _f(vs.get("flops"), ".2f"),
             "" if paper is None else f"{paper['time_s'] * 1e3:.3f}",
         ] + ([f"{r['memory']['cuda_peak_bytes'] / MIB:.1f}", _f(vs.get("memory", {}).get("cuda_peak_bytes"), ".2f")]
@@ -97,7 +102,7 @@ def _op(res: dict[str, Any]) -> list[str]:
         "",
     ]
     return head + _table(
-        ["variant", "backend", "GFLOP", "ms / call", "calls / s", "time / RoPE", "fastest / RoPE's", "FLOPs / RoPE",
+        ["variant", "backend", "GFLOP", "ms / call", "TFLOP/s", "calls / s", "time / RoPE", "fastest / RoPE's", "FLOPs / RoPE",
          "paper ms (A100)"] + (["CUDA peak (MiB)", "CUDA peak / RoPE"] if on_cuda else []), body)
 
 
@@ -116,7 +121,7 @@ def _train(res: dict[str, Any]) -> list[str]:
     for key, r in rows.items():
         vs = r.get("vs_rope", {})
         if "not_run" in r:
-            body.append([_label(key), f"{r['params']:,}", f"{r['flops'] / 1e9:.4g}", r["not_run"], ""]
+            body.append([_label(key), f"{r['params']:,}", f"{r['flops'] / 1e9:.4g}", r["not_run"], "", ""]
                         + [""] * len(mem_keys) + ["", "", "", _f(vs.get("flops"), ".3f")]
                         + [""] * len(mem_keys) + ([""] if sec["peak_bf16_flops"] else []))
             continue
@@ -126,7 +131,7 @@ def _train(res: dict[str, Any]) -> list[str]:
         mem_ratio = [_f(vs.get("memory", {}).get(k), ".2f") for k in mem_keys]
         body.append([
             _label(key), f"{r['params']:,}", f"{r['flops'] / 1e9:.4g}",
-            _time_cell(r["time_s"], 1.0, ".3f"), f"{r['tokens_per_s']:,.0f}",
+            _time_cell(r["time_s"], 1.0, ".3f"), _tflops(r), f"{r['tokens_per_s']:,.0f}",
             *mem_cells, _f(vs.get("time"), ".3f"), _f(vs.get("time_min"), ".3f"), _f(cpu.get("median"), ".3f"),
             _f(vs.get("flops"), ".3f"), *mem_ratio,
         ] + ([_f(None if r["mfu"] is None else 100 * r["mfu"], ".1f")] if sec["peak_bf16_flops"] else []))
@@ -141,7 +146,7 @@ def _train(res: dict[str, Any]) -> list[str]:
         "backward counted on the meta device (the optimizer's elementwise work is not counted).",
         "",
     ]
-    header = (["variant", "params", "GFLOP", "s / step", "tokens / s"]
+    header = (["variant", "params", "GFLOP", "s / step", "TFLOP/s", "tokens / s"]
               + [mem_names[k] for k in mem_keys]
               + ["time / RoPE", "fastest / RoPE's", "CPU time / RoPE (paired)", "FLOPs / RoPE"]
               + [mem_names[k].split(" (")[0] + " / RoPE" for k in mem_keys]
