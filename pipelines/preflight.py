@@ -94,16 +94,16 @@ def only_prints(argv: list[str]) -> bool:
     return any(arg.split("=")[0] in HYDRA_PRINT_FLAGS for arg in argv)
 
 
+def _job(parsed: list, values: dict[int, str]) -> list[str]:
+    """One job's overrides, in the order given: sweep ``i`` at ``values[i]``, the rest as written."""
+    return [f"{o.get_key_element()}={values[i]}" if i in values else o.input_line for i, o in enumerate(parsed)]
+
+
 def _first_of_each_sweep(argv: list[str]) -> list[str]:
     """The overrides of ``argv`` with every sweep (a,b / range(...)) cut to its first value."""
-    out = []
-    for override in OverridesParser.create().parse_overrides(argv):
-        if override.is_sweep_override():
-            first = next(iter(override.sweep_string_iterator()))
-            out.append(f"{override.get_key_element()}={first}")
-        else:
-            out.append(override.input_line)
-    return out
+    parsed = OverridesParser.create().parse_overrides(argv)
+    return _job(parsed, {i: next(iter(o.sweep_string_iterator())) for i, o in enumerate(parsed)
+                         if o.is_sweep_override()})
 
 
 MOST_SWEEP_JOBS_CHECKED = 64
@@ -112,26 +112,22 @@ MOST_SWEEP_JOBS_CHECKED = 64
 
 def sweep_jobs(overrides: list[str], most: int = MOST_SWEEP_JOBS_CHECKED) -> list[tuple[str, list[str]]]:
     """(label, overrides) of each job of a sweep, as Hydra's basic sweeper forms them (the
-    product of the swept values; the label names the job's swept values). Above ``most`` jobs,
-    one job per swept value instead, the other sweeps at their first value."""
-    fixed, swept = [], []  # swept: [(key, [values])]
-    for override in OverridesParser.create().parse_overrides(overrides):
-        if override.is_sweep_override():
-            swept.append((override.get_key_element(), list(override.sweep_string_iterator())))
-        else:
-            fixed.append(override.input_line)
-    if not swept:
-        return [("", fixed)]
-    if math.prod(len(values) for _, values in swept) <= most:
-        combos = list(itertools.product(*(values for _, values in swept)))
+    product of the swept values, the overrides in the order given; the label names the job's
+    swept values). Above ``most`` jobs, one job per swept value instead, the other sweeps at
+    their first value."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    swept = {i: list(o.sweep_string_iterator()) for i, o in enumerate(parsed) if o.is_sweep_override()}
+    if math.prod(len(values) for values in swept.values()) <= most:
+        combos = list(itertools.product(*swept.values()))
     else:
-        firsts = [values[0] for _, values in swept]
-        combos = [tuple(firsts[:i] + [v] + firsts[i + 1:]) for i, (_, values) in enumerate(swept)
+        firsts = [values[0] for values in swept.values()]
+        combos = [tuple(firsts[:n] + [v] + firsts[n + 1:]) for n, values in enumerate(swept.values())
                   for v in values]
     jobs = []
     for combo in dict.fromkeys(combos):
-        settings = [f"{key}={value}" for (key, _), value in zip(swept, combo)]
-        jobs.append((" ".join(settings), fixed + settings))
+        values = dict(zip(swept, combo))
+        label = " ".join(f"{parsed[i].get_key_element()}={v}" for i, v in values.items())
+        jobs.append((label, _job(parsed, values)))
     return jobs
 
 

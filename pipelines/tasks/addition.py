@@ -22,8 +22,8 @@ if TYPE_CHECKING:  # torch-based; imported where used, after the cheap config ch
 def validate(cfg: DictConfig) -> None:
     """Every impossible addition setting, before anything trains."""
     t = cfg.task
-    ints = ("max_digits", "eval_max_digits", "examples_per_cell", "batch_size", "val_examples")
-    require_int(cfg, *(f"task.{key}" for key in (*ints, "seq_len", "eval_seed", "eval_batch_size")))
+    ints = ("max_digits", "batch_size", "val_examples")
+    require_int(cfg, *(f"task.{key}" for key in (*ints, "seq_len")))
     for key in ints:
         if int(t[key]) < 1:
             raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
