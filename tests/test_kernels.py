@@ -292,6 +292,17 @@ def test_only_dense_layouts_count_as_dense():
         assert not _dense(sliced), sliced.stride()
 
 
+def test_host_side_block_arithmetic_equals_tritons():
+    import triton
+
+    from tape.kernels.triton_attention import _cdiv, _next_pow2
+
+    for n in range(1, 5000):
+        assert _next_pow2(n) == triton.next_power_of_2(n), n
+        for block in (16, 32, 64, 128):
+            assert _cdiv(n, block) == triton.cdiv(n, block), (n, block)
+
+
 @interpreted
 def test_the_backward_writes_gradients_in_their_inputs_layout():
     """A transposed projection's v (dense, not contiguous) gets dV in its own layout, no copy on

@@ -370,7 +370,7 @@ def _launch(fn, rows: int, programs: int, interpret: bool, *args, by: str = "BLO
     and the block that fits is remembered for the kernel, dtype and tile widths. A
     configuration forced by ``tuning.forcing`` (the sweep) runs as given, without retries."""
     if interpret:
-        _run(fn, (triton.cdiv(rows, meta[by]), programs), True, *args, **meta)
+        _run(fn, (_cdiv(rows, meta[by]), programs), True, *args, **meta)
         return
     forced = tuning.forced(fn.__name__)
     chosen = forced or (tuning.config(fn.__name__, args[0].dtype, meta["BLOCK_D"]) if tuned else None)
@@ -378,12 +378,12 @@ def _launch(fn, rows: int, programs: int, interpret: bool, *args, by: str = "BLO
     if chosen is not None:
         # Backward kernels keep BLOCK_M = BLOCK_N (see attention_backward); the forward caps its
         # query block at the query count, as _meta does.
-        short = max(MIN_BLOCK, triton.next_power_of_2(rows))
+        short = max(MIN_BLOCK, _next_pow2(rows))
         block_m = min(chosen.block_m, short) if fn.__name__ == "_fwd" else chosen.block_n
         meta = {**meta, "BLOCK_M": block_m, "BLOCK_N": chosen.block_n}
         launch = dict(num_warps=chosen.num_warps, num_stages=chosen.num_stages)
     if forced is not None:
-        _run(fn, (triton.cdiv(rows, meta[by]), programs), False, *args, **meta, **launch)
+        _run(fn, (_cdiv(rows, meta[by]), programs), False, *args, **meta, **launch)
         return
     key = (fn.__name__, args[0].dtype, meta["BLOCK_D"], meta["BLOCK_DV"], meta["BLOCK_DE"])
     block = min(meta["BLOCK_N"], _FITTING.get(key, meta["BLOCK_N"]))
@@ -391,7 +391,7 @@ def _launch(fn, rows: int, programs: int, interpret: bool, *args, by: str = "BLO
     while True:
         sized = {**meta, "BLOCK_M": min(meta["BLOCK_M"], block * ratio), "BLOCK_N": block}
         try:
-            _run(fn, (triton.cdiv(rows, sized[by]), programs), False, *args, **sized, **launch)
+            _run(fn, (_cdiv(rows, sized[by]), programs), False, *args, **sized, **launch)
         except OutOfResources:
             if block <= MIN_BLOCK:
                 raise
@@ -409,8 +409,18 @@ def default_block(device_type: str, dtype: torch.dtype, width: int) -> int:
     return 32 if dtype == torch.float32 and width > FP32_WIDE else 64
 
 
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) on the host: ``triton.cdiv`` is a constexpr function, several us a call."""
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    """The least power of two >= n (n >= 1), as ``triton.next_power_of_2`` without its call cost."""
+    return 1 << (n - 1).bit_length()
+
+
 def _block(width: int) -> int:
-    return max(16, triton.next_power_of_2(width))
+    return max(16, _next_pow2(width))
 
 
 def _strides(x: Tensor) -> tuple[int, int, int]:
@@ -480,7 +490,7 @@ def _meta(q: Tensor, k: Tensor, v: Tensor, e: Tensor, block: int | None) -> dict
     one-token decode step fills 16 rows, not 64)."""
     widths = dict(BLOCK_D=_block(q.shape[-1]), BLOCK_DV=_block(v.shape[-1]), BLOCK_DE=_block(e.shape[-1]))
     bn = block or default_block(q.device.type, q.dtype, max(widths.values()))
-    bm = min(bn, max(MIN_BLOCK, triton.next_power_of_2(q.shape[-2])))
+    bm = min(bn, max(MIN_BLOCK, _next_pow2(q.shape[-2])))
     upcast = q.device.type == "cpu" and q.dtype == torch.bfloat16
     return dict(PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=upcast, SPLIT=splits(q),
                 BLOCK_M=bm, BLOCK_N=bn, **widths)
@@ -555,7 +565,7 @@ def attention_backward(
     # kernel instead of casts, products and sums; 16 rows a program keep its four tiles in
     # registers at head dim 128.
     delta = torch.empty(b, h, nq, device=q.device, dtype=torch.float32)
-    _run(_bwd_delta, (triton.cdiv(nq, DELTA_ROWS), b * h), interpret, o, oe, do, doe, delta,
+    _run(_bwd_delta, (_cdiv(nq, DELTA_ROWS), b * h), interpret, o, oe, do, doe, delta,
          *_strides(o), *_strides(oe), *_strides(do), *_strides(doe), h, nq, v.shape[-1], e.shape[-1],
          BLOCK_M=DELTA_ROWS, BLOCK_DV=meta["BLOCK_DV"], BLOCK_DE=meta["BLOCK_DE"])
     dq, dk = into or (torch.empty_strided(t.shape, t.stride(), device=t.device, dtype=t.dtype) for t in (q, k))
