@@ -12,12 +12,13 @@ from pipelines.precision import evaluation_precision
 from tape.typecheck import type_problems
 
 
-def require_int(cfg: DictConfig, *keys: str) -> None:
-    """Each dotted key holds an integer (``seed=abc`` is named here, not by a traceback)."""
+def require_int(cfg: DictConfig, *keys: str, prefix: str = "") -> None:
+    """Each dotted key holds an integer (``seed=abc`` is named here, not by a traceback);
+    ``prefix`` names where ``cfg`` sits in the run's config (``task.`` for a task block)."""
     for key in keys:
         value = OmegaConf.select(cfg, key)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise PipelineConfigError(f"{key}={value!r} must be an integer")
+            raise PipelineConfigError(f"{prefix}{key}={value!r} must be an integer")
 
 
 def check_optim(cfg: DictConfig) -> None:

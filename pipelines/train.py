@@ -49,9 +49,10 @@ def build_module(cfg: DictConfig) -> CausalLMModule:
     return module
 
 
-def check_settings(cfg: DictConfig) -> None:
+def check_settings(cfg: DictConfig) -> tasks.Task:
     """The checks of train() that need no run directory, checkpoint or data; a sweep runs them
-    on every job before the first one trains. Completes ``cfg`` in place (task.prepare)."""
+    on every job before the first one trains. Completes ``cfg`` in place (task.prepare) and
+    returns the run's task."""
     task = tasks.get(cfg.task.name)
     if task.runs_itself:  # context extension checks its stages' settings itself
         check_compile(cfg, runs_itself=True)
@@ -61,6 +62,7 @@ def check_settings(cfg: DictConfig) -> None:
         task.refuse_training()  # an evaluation task (passkey, perplexity) says how to run it
         task.validate(cfg)  # every config error surfaces here, before any training
     check_accelerator(cfg.trainer)
+    return task
 
 
 @task_wrapper
@@ -73,9 +75,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     run_dir = Path(cfg.paths.output_dir)
     if is_rank_zero():
         check_run_dir_new(run_dir)  # fails fast; the claim below is what makes it this run's
-    task = tasks.get(cfg.task.name)
     wandb_log.check_online_login(cfg)
-    check_settings(cfg)
+    task = check_settings(cfg)
     if task.runs_itself:  # a multi-stage task (context extension) runs its own fits
         quiet_known_noise()
         return task.run(cfg)

@@ -67,10 +67,10 @@ def check_abacus_range(mc: Any, max_digits: int, key: str, training: bool) -> No
 
 def check(task_cfg: DictConfig) -> None:
     """The evaluation's settings (pipelines.evaluate may change them), before anything is written."""
-    for key in ("eval_max_digits", "examples_per_cell", "eval_batch_size", "eval_seed"):
+    keys = ("eval_max_digits", "examples_per_cell", "eval_batch_size", "eval_seed")
+    require_int(task_cfg, *keys, prefix="task.")
+    for key in keys:
         value = task_cfg[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PipelineConfigError(f"task.{key}={value!r} must be an integer")
         if value < (0 if key == "eval_seed" else 1):
             raise PipelineConfigError(f"task.{key}={value} must be >= {0 if key == 'eval_seed' else 1}")
 
