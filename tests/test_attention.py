@@ -397,23 +397,53 @@ def test_a_tape_model_on_the_flex_backend_equals_sdpa_without_grad_on_cpu():
         assert torch.equal(flex.generate(ids[:, :4], max_new_tokens=5), sdpa.generate(ids[:, :4], max_new_tokens=5))
 
 
+def _token_major_leaves(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(leaf, q view, k view): q (B, H, N, d) and k (B, Hkv, N, d) as the halves of one leaf laid
+    out (B, N, H + Hkv, d), the non-contiguous views TAPE's joined rotation hands the attention."""
+    heads = q.shape[1]
+    leaf = torch.cat([q.transpose(1, 2), k.transpose(1, 2)], dim=2).detach().requires_grad_(True)
+    return leaf, leaf[:, :, :heads].transpose(1, 2), leaf[:, :, heads:].transpose(1, 2)
+
+
 @pytest.mark.cuda  # two shapes: each compiles its own kernels (tens of seconds on the GPU)
-@pytest.mark.parametrize(("case", "dtype"), [(FLEX_CASES[1], torch.bfloat16), (FLEX_CASES[2], torch.float16)],
-                         ids=["gqa-bf16", "nq-lt-nk-fp16"])
-def test_flex_backend_matches_float64_forward_and_backward_on_cuda(case, dtype):
-    """Compiled FlexAttention on a GPU, forward and every gradient, against float64 eager."""
+@pytest.mark.parametrize(("case", "dtype", "token_major"),
+                         [(FLEX_CASES[1], torch.bfloat16, True), (FLEX_CASES[2], torch.float16, False)],
+                         ids=["gqa-bf16-token-major", "nq-lt-nk-fp16"])
+def test_flex_backend_matches_float64_forward_and_backward_on_cuda(case, dtype, token_major):
+    """Compiled FlexAttention on a GPU, forward and every gradient, against float64 eager; q and
+    k token-major views of one tensor (the model's layout) or contiguous."""
     q, k, v, e, _ = _inputs(nq=case["nq"] * 32, nk=case["nk"] * 32, hkv=case["hkv"], d=64, dtype=torch.float64)
     leaves = [t.cuda().requires_grad_(True) for t in (q, k, v, e)]
     low = [t.detach().to(dtype).requires_grad_(True) for t in leaves]
-    out, out_e = attend(*low[:3], extra=low[3], backend="flex")
+    inputs = list(low)
+    if token_major:
+        joined, inputs[0], inputs[1] = _token_major_leaves(low[0], low[1])
+        assert not inputs[0].is_contiguous() and inputs[0].stride(-1) == 1
+    out, out_e = attend(*inputs[:3], extra=inputs[3], backend="flex")
     ref, ref_e = attend(*leaves[:3], extra=leaves[3], backend="eager",
                         mask=causal_mask(q.shape[-2], None, k.shape[-2], leaves[0].device))
     g, g_e = torch.randn_like(ref), torch.randn_like(ref_e)
     (out.double() * g).sum().add((out_e.double() * g_e).sum()).backward()
     (ref * g).sum().add((ref_e * g_e).sum()).backward()
+    grads = [t.grad for t in low]
+    if token_major:
+        heads = q.shape[1]
+        grads[:2] = joined.grad[:, :, :heads].transpose(1, 2), joined.grad[:, :, heads:].transpose(1, 2)
     tol = 5e-2 if dtype == torch.bfloat16 else 1e-2
-    for got, want in zip((out, out_e, *(t.grad for t in low)), (ref, ref_e, *(t.grad for t in leaves))):
+    for got, want in zip((out, out_e, *grads), (ref, ref_e, *(t.grad for t in leaves))):
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
+def test_token_major_leaves_are_the_joined_rotations_layout():
+    """The CUDA flex test's q and k views are laid out as RotateJoined's outputs."""
+    from tape.model.rotation import RotateJoined, join
+
+    q, k, _, _, _ = _inputs(hkv=4, dtype=torch.float32)
+    rot = torch.randn(2, 4, q.shape[-2], q.shape[-1])
+    q_rot, k_rot = RotateJoined.apply(join(q, k), rot, torch.float32, q.shape[1])
+    _, q_view, k_view = _token_major_leaves(q, k)
+    assert (q_view.stride(), k_view.stride()) == (q_rot.stride(), k_rot.stride())
+    assert torch.equal(q_view, q) and torch.equal(k_view, k)
 
 
 @pytest.mark.skipif(not attention.flex_available(), reason="needs torch >= 2.5 (FlexAttention)")
