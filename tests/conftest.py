@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -66,6 +66,17 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _fp32_matmuls_stay_exact() -> Iterator[None]:
+    """pipelines.train turns on TF32 matmuls for its process; a test that trains in-process must
+    not loosen the float32 tolerances of the tests after it in the same worker."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(before)
 
 
 @pytest.fixture
