@@ -271,6 +271,21 @@ def test_tiny_run_writes_well_formed_markdown_and_json(tiny_run):
     assert_tables_well_formed(md)
 
 
+def test_a_run_re_renders_from_its_json_alone(tiny_run, tmp_path, capsys):
+    """``python -m tape.bench.render``: the markdown beside an efficiency.json, the same bytes
+    as the run wrote (nothing else read); a missing file is named, nothing written."""
+    import shutil
+
+    from tape.bench.render import main
+
+    copy = tmp_path / "efficiency.json"
+    shutil.copy(tiny_run[0] / "efficiency.json", copy)
+    assert main([str(copy)]) == 0
+    assert (tmp_path / "efficiency.md").read_text() == (tiny_run[0] / "efficiency.md").read_text()
+    assert main([str(tmp_path / "gone" / "efficiency.json")]) == 1
+    assert "no such file" in capsys.readouterr().err and not (tmp_path / "gone").exists()
+
+
 def test_cuda_results_render_with_memory_and_mfu_columns(tiny_run):
     """The CUDA-only fields (peak allocated, MFU) render into well-formed tables (no GPU needed)."""
     from tape.bench.render import default_notes, render_markdown

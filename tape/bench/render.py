@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
 
 import tape.pe
 from tape.paper import paper_number
@@ -360,3 +364,33 @@ def default_notes(res: dict[str, Any]) -> list[str]:
             "path synchronises the device around every timed call and reports "
             "`torch.cuda.max_memory_allocated`.")
     return notes
+
+
+def rerender(json_path: Path) -> Path:
+    """Write efficiency.md beside a benchmark's efficiency.json, rendered by this code from that
+    run's data: today's columns and notes, the same measurements. Returns the markdown's path."""
+    if not json_path.is_file():
+        raise FileNotFoundError(f"{json_path}: no such file; pass a benchmark's efficiency.json "
+                                "(python -m pipelines.benchmark writes one)")
+    res = json.loads(json_path.read_text())
+    md = json_path.with_suffix(".md")
+    md.write_text(render_markdown(res, default_notes(res)))
+    return md
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tape.bench.render results/efficiency.json``: re-render the markdown beside it."""
+    parser = argparse.ArgumentParser(prog="python -m tape.bench.render", description=rerender.__doc__)
+    parser.add_argument("json", type=Path, nargs="+", help="efficiency.json files of benchmark runs")
+    args = parser.parse_args(argv)
+    for path in args.json:
+        try:
+            print(f"wrote {rerender(path)}")
+        except (FileNotFoundError, json.JSONDecodeError, KeyError) as err:
+            print(f"python -m tape.bench.render: {path}: {err}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
