@@ -115,8 +115,8 @@ class _UpdateE(torch.autograd.Function):
                 left = torch.bmm(w2f.t().expand(b * n, -1, -1), grad_mix.view(b * n, he, he)).view(
                     b, n, -1, he)  # (B, N, I, He) = W2ᵀ dM, one product (as _head_map)
                 grad_gate = (left * w1f).sum(-1).to(gate.dtype)  # (B, N, I)
-                grad_w1 = (left * g[..., None]).sum((0, 1)).to(w1.dtype)  # (I, He): Σ_bn g_i dL_ij
-                grad_w2 = (torch.matmul(grad_mix, w1f.t()) * g[:, :, None]).sum((0, 1)).to(w2.dtype)  # (He, I)
+                grad_w1 = torch.einsum("bni,bnij->ij", g, left).to(w1.dtype)  # (I, He)
+                grad_w2 = torch.einsum("bnhj,bni,ij->hi", grad_mix, g, w1f).to(w2.dtype)  # (He, I)
             if ae is not None:
                 grad_ae = _head_map(pf.t(), grad_u).to(ae.dtype)  # (B, H, N, d)
                 grad_p = _head_map_grad(grad_u, ae_f).to(p.dtype)  # (He, H)
