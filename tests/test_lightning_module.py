@@ -39,11 +39,36 @@ def test_loss_and_metrics_equal_the_masked_selection() -> None:
     torch.testing.assert_close(m._loss(logits, targets), F.cross_entropy(picked_logits.float(), picked_targets))
     logged: dict[str, torch.Tensor] = {}
     m.log = lambda name, value, **_: logged.__setitem__(name, value)  # type: ignore[method-assign]
+    m.on_validation_epoch_start()
     m.validation_step(b, 0)
     right = picked_logits.argmax(-1) == picked_targets
-    assert logged["val/token_accuracy"].item() == pytest.approx(right.float().mean().item())
+    assert m._val_sums[1].item() == right.sum().item() and m._val_sums[2].item() == 25
     per_row = torch.ones_like(mask).masked_scatter(mask, right).all(dim=1).float().mean()
     assert logged["val/exact_match"].item() == pytest.approx(per_row.item())
+
+
+def test_validation_loss_and_token_accuracy_pool_the_scored_tokens() -> None:
+    """Through Lightning's validate: batches scoring 25, 5 and 0 tokens give the token means
+    over all of them, not the mean of the batch means (a batch scoring nothing adds nothing)."""
+    import lightning as L
+
+    m = module().eval()
+    batches = [batch(0), batch(1), batch(2)]
+    batches[1]["labels"][2:] = IGNORE_INDEX  # row 1 only: 5 scored tokens
+    batches[2]["labels"][:] = IGNORE_INDEX  # none
+    nll, hits, tokens = 0.0, 0, 0
+    with torch.no_grad():
+        for b in batches:
+            logits, targets, mask = m._scored(b)
+            nll += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
+            hits += int(((logits.argmax(-1) == targets) & mask).sum())
+            tokens += int(mask.sum())
+    assert tokens == 30
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False)
+    (got,) = trainer.validate(m, dataloaders=torch.utils.data.DataLoader(batches, batch_size=None), verbose=False)
+    assert got["val/loss"] == pytest.approx(nll / tokens, rel=1e-5)
+    assert got["val/token_accuracy"] == pytest.approx(hits / tokens)
 
 
 def test_the_batch_index_stays_on_the_host() -> None:

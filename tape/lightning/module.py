@@ -90,15 +90,24 @@ class CausalLMModule(L.LightningModule):
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits, targets, mask = self._scored(batch)
-        b = batch["input_ids"].shape[0]
-        loss = self._loss(logits, targets)
         right = logits.argmax(-1) == targets  # (B, N-1)
-        hits = (right & mask).sum() / mask.sum()
+        nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
+                              reduction="sum")
+        self._val_sums += torch.stack([nll, (right & mask).sum(), mask.sum()]).to(self._val_sums.dtype)
         # Teacher-forced argmax right on every answer token <=> greedy decoding gets it right.
         exact = (right | ~mask).all(dim=1).float().mean()
-        self.log("val/loss", loss, prog_bar=True, batch_size=b, sync_dist=True)
-        self.log("val/token_accuracy", hits, batch_size=b, sync_dist=True)
-        self.log("val/exact_match", exact, prog_bar=True, batch_size=b, sync_dist=True)
+        self.log("val/exact_match", exact, prog_bar=True, batch_size=batch["input_ids"].shape[0], sync_dist=True)
+
+    def on_validation_epoch_start(self) -> None:
+        """Validation loss and token accuracy pool the scored tokens of every batch and rank
+        (batches score different counts): sums on the device, read once at the end."""
+        self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # NLL, right, scored
+
+    def on_validation_epoch_end(self) -> None:
+        nll, right, tokens = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum").tolist()
+        scored = tokens > 0  # no scored token: nothing to average
+        self.log("val/loss", nll / tokens if scored else float("nan"), prog_bar=True)
+        self.log("val/token_accuracy", right / tokens if scored else float("nan"))
 
     def _reseed(self, batch_index: int) -> None:
         """Seed torch's global RNG from (seed, rank, batch index): the step's randomness no
