@@ -4,6 +4,7 @@ model's full weights come back through the checkpoint path."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -257,3 +258,33 @@ def test_a_tape_llama_trains_sharded_over_two_processes(tmp_path):
     sharded = torch.load(out)
     torch.testing.assert_close(sharded["logits"], logits.detach(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(sharded["norm"], norm, atol=1e-5, rtol=1e-5)
+
+
+def test_a_resumed_stage_keeps_its_training_curve_from_step_one(tmp_path, base_dir):
+    """A stage stopped after step 2 and resumed from that step's checkpoint logs the same curve
+    points (steps, losses, lr) as one that ran through (the curve goes into stage.json)."""
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+    class StopAfter(Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if trainer.global_step == 2:
+                raise KeyboardInterrupt  # Lightning ends the fit as a Ctrl-C
+
+    def run(root: Path, stop: bool = False, ckpt: Path | None = None) -> HFCausalLMModule:
+        module = HFCausalLMModule(build(base_dir, "lora", torch.float32), stage="t", lr=1e-3, warmup_steps=1,
+                                  schedule="cosine", total_steps=4, log_every=1)
+        callbacks = [ModelCheckpoint(dirpath=root / "ck", save_last=True, save_top_k=0, every_n_train_steps=1)]
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=root, limit_val_batches=0,
+                            num_sanity_val_steps=0, callbacks=callbacks + ([StopAfter()] if stop else []))
+        with pytest.raises(SystemExit) if stop else contextlib.nullcontext():
+            trainer.fit(module, datamodule=IndexedBatchDataModule(batches), ckpt_path=ckpt)
+        return module
+
+    through = run(tmp_path / "a")
+    run(tmp_path / "b", stop=True)
+    resumed = run(tmp_path / "c", ckpt=tmp_path / "b" / "ck" / "last.ckpt")
+    assert [p["step"] for p in through.history] == [1, 2, 3, 4]
+    assert len(resumed.history) == 4
+    for got, want in zip(resumed.history, through.history):
+        assert got.keys() == want.keys() and got == pytest.approx(want)

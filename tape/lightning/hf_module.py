@@ -66,17 +66,37 @@ class HFCausalLMModule(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """A log line every ``log_every`` optimizer steps (and at the last), on rank 0."""
-        step, hp = self.trainer.global_step, self.hparams
         at_step_end = (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0
-        if not (self.trainer.is_global_zero and at_step_end):
+        point = self._curve_point() if self.trainer.is_global_zero and at_step_end else None
+        if point is None:
             return
-        if (step - 1) % max(1, hp.log_every) == 0 or step == self.trainer.max_steps:
-            values = {k.split("/", 1)[1]: float(v) for k, v in self.trainer.callback_metrics.items()
-                      if k.startswith(f"{hp.stage}/")}
-            lr = self.trainer.optimizers[0].param_groups[0]["lr"]
-            self.history.append({"step": step, **values, "lr": lr})
-            log.info("%s step %d: %s lr=%.3g", hp.stage, step,
-                     " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items())), lr)
+        self.history.append(point)
+        values = {k: v for k, v in point.items() if k not in ("step", "lr")}
+        log.info("%s step %d: %s lr=%.3g", self.hparams.stage, point["step"],
+                 " ".join(f"{k}={v:.4g}" for k, v in sorted(values.items())), point["lr"])
+
+    def _curve_point(self) -> dict[str, float] | None:
+        """The training curve's point {step, losses..., lr} for the optimizer step just done, or
+        None where this step logs none (every ``log_every`` steps and the last)."""
+        step, hp = self.trainer.global_step, self.hparams
+        if not ((step - 1) % max(1, hp.log_every) == 0 or step == self.trainer.max_steps):
+            return None
+        values = {k.split("/", 1)[1]: float(v) for k, v in self.trainer.callback_metrics.items()
+                  if k.startswith(f"{hp.stage}/")}
+        return {"step": step, **values, "lr": self.trainer.optimizers[0].param_groups[0]["lr"]}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The training curve so far travels in the checkpoint, so a resumed stage's curve starts
+        at step 1. A step's checkpoint is written before this module's batch-end hook runs
+        (Lightning calls callbacks first): that step's point, when it has one, is added here."""
+        points = list(self.history)
+        due = self._curve_point() if self.trainer.global_step > 0 else None
+        if due is not None and (not points or points[-1]["step"] < due["step"]):
+            points.append(due)
+        checkpoint["tape_history"] = points
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.history = list(checkpoint.get("tape_history", []))
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
