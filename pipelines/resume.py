@@ -47,7 +47,12 @@ def _config_differences(cfg: DictConfig, run: Path) -> dict[str, tuple[Any, Any]
     (task.data_dir from paths.data_dir)."""
     if not (run / "config.yaml").is_file():
         return {}
-    saved = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=False)
+    return _differences_from(cfg, OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=False))
+
+
+def _differences_from(cfg: DictConfig, saved: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (this config's value, the saved config's)}, besides RESUME_MAY_DIFFER and the keys
+    set from them."""
     now = OmegaConf.to_container(cfg, resolve=True)
     diff = differences(now, saved, (*RESUME_MAY_DIFFER, *_derived_keys(cfg)))
     return {k: (v, _get(saved, k)) for k, v in diff.items()}
@@ -86,8 +91,9 @@ def _hparam_differences(cfg: DictConfig, hparams: dict[str, Any]) -> dict[str, t
 
 def check_resumable(cfg: DictConfig, ckpt: Path, key: str = "ckpt_path") -> None:
     """A checkpoint can be resumed by this config: its run has not finished, its saved config
-    (or, for a checkpoint outside a run, its hyper_parameters) differs from this one only in
-    RESUME_MAY_DIFFER, and it is short of trainer.max_steps."""
+    (for a checkpoint outside a run, the config it carries, or in older ones its
+    hyper_parameters) differs from this one only in RESUME_MAY_DIFFER, and it is short of
+    trainer.max_steps."""
     run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
     value = cfg.get("ckpt_path")
     if run is not None and (run / "metrics.json").is_file():
@@ -99,7 +105,9 @@ def check_resumable(cfg: DictConfig, ckpt: Path, key: str = "ckpt_path") -> None
     state = load_checkpoint(ckpt, key)
     if run is not None and (run / "config.yaml").is_file():
         pairs = _config_differences(cfg, run)
-    else:  # a checkpoint moved out of its run: what it recorded of the module
+    elif (saved := saved_config(state)) is not None:  # moved out of its run: the config it carries
+        pairs = _differences_from(cfg, saved)
+    else:  # moved out of its run and older: what it recorded of the module
         pairs = _hparam_differences(cfg, state.get("hyper_parameters") or {})
     if pairs:
         diff, was = {k: a for k, (a, _) in pairs.items()}, {k: b for k, (_, b) in pairs.items()}
@@ -115,6 +123,15 @@ def check_resumable(cfg: DictConfig, ckpt: Path, key: str = "ckpt_path") -> None
             f"{key}={value}: {ckpt} is at step {step}, and trainer.max_steps={cfg.trainer.max_steps}; "
             "nothing is left to train"
         )
+
+
+def saved_config(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The resolved config of the run that wrote ``checkpoint``, kept by its
+    ``pipelines.run_history.RunHistory`` callback (None in checkpoints from before it kept one)."""
+    for key, state in (checkpoint.get("callbacks") or {}).items():
+        if key.split("{")[0] == "RunHistory" and isinstance(state, dict) and state.get("config"):
+            return state["config"]
+    return None
 
 
 def _get(tree: Any, dotted: str) -> Any:

@@ -58,7 +58,8 @@ class RunHistory(Callback):
     starts its CSV log with the validations before the checkpoint (W&B continues its own run and
     has them), and reports the whole training time."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config = config  # the run's resolved config: a checkpoint moved out of its run keeps it
         self.earlier_s = 0.0  # training time of the runs this one resumes
         self.rows: list[dict[str, float]] = []  # {"step": s, "val/...": v} per validation
         self.restored = 0  # of those, the rows read from the checkpoint
@@ -87,9 +88,10 @@ class RunHistory(Callback):
         self.rows.append({"step": step, **values})
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_time_s": self.elapsed_s(), "rows": self.rows}
+        return {"train_time_s": self.elapsed_s(), "rows": self.rows, "config": self.config}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.earlier_s = float(state_dict.get("train_time_s", 0.0))
         self.rows = list(state_dict.get("rows", []))
-        self.restored = len(self.rows)
+        self.restored = len(self.rows)  # the config stays this run's own (check_resumable compared them)
+

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipelines import wandb_log
 from pipelines.config_checks import check_accelerator, check_compile, check_trainer
@@ -100,7 +100,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     if ckpt is None:  # e.g. load pretrained weights
         task.initialize(module.model, cfg)
     loggers = wandb_log.open_loggers(cfg, ckpt)  # W&B: full config; a resume continues its run
-    history = RunHistory()  # time and validations so far, carried by checkpoints into a resume
+    # time, validations and the config so far, carried by checkpoints into a resume
+    history = RunHistory(OmegaConf.to_container(cfg, resolve=True))
     callbacks = instantiate_group(cfg.get("callbacks")) + [history, *extra_callbacks]
     if not loggers:  # LearningRateMonitor refuses to run without a logger
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]

@@ -252,22 +252,33 @@ def test_resume_refuses_a_checkpoint_of_another_config_naming_the_keys(make_cfg,
 
 def test_a_checkpoint_moved_out_of_its_run_is_checked_by_what_it_recorded(make_cfg, tmp_path: Path) -> None:
     """Without its run's config.yaml a checkpoint was resumed unchecked: a seed-0 trajectory was
-    recorded as seed 5, and another PE failed inside fit with a raw state_dict error."""
+    recorded as seed 5, and another PE failed inside fit with a raw state_dict error. It carries
+    its run's config: data settings (a batch size) are checked too (review: a changed batch size
+    and accumulation skipped batches). Older checkpoints are checked by their module's
+    hyper_parameters."""
     common = ("pe=tape", "trainer.max_steps=6", "trainer.val_check_interval=2")
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(make_cfg(*common, name="killed"), extra_callbacks=[Kill(at_step=4)])
     loose = tmp_path / "loose.ckpt"
     loose.write_bytes((tmp_path / "runs/addition/smoke/tape/0/killed/checkpoints/last.ckpt").read_bytes())
+    batch = make_cfg(name="probe").task.batch_size
     for change, named in (("seed=5", r"seed=5 where it had seed=0"),
-                          ("pe=rope", r"model\.pe=rope where it had model\.pe=tape"),
-                          ("optim.lr=3e-3", r"optim\.lr=0\.003 where it had optim\.lr=0\.001")):
+                          ("pe=rope", r"pe\.name=rope.* where it had .*pe\.name=tape"),
+                          ("optim.lr=3e-3", r"optim\.lr=0\.003 where it had optim\.lr=0\.001"),
+                          (f"task.batch_size={batch // 2}", rf"task\.batch_size={batch // 2} where it had "
+                                                            rf"task\.batch_size={batch}")):
         cfg = make_cfg(*common, change, f"ckpt_path={loose}", name="x")
         with pytest.raises(PipelineConfigError, match=named):
             train(cfg)
         assert not Path(cfg.paths.output_dir).exists()
+    assert train(make_cfg(*common, "logger=csv", f"ckpt_path={loose}", name="resumed-here"))["steps"] == 6
     state = torch.load(loose, weights_only=False)
+    for callback in state["callbacks"].values():
+        callback.pop("config", None)  # as checkpoints before 2026-11-29
     state["hyper_parameters"]["model"]["abacus_digit_ids"] = None  # as checkpoints before 2026-11-27
     torch.save(state, loose)
+    with pytest.raises(PipelineConfigError, match=r"model\.pe=rope where it had model\.pe=tape"):
+        train(make_cfg(*common, "pe=rope", f"ckpt_path={loose}", name="x"))
     assert train(make_cfg(*common, f"ckpt_path={loose}", name="resumed"))["steps"] == 6
 
 
