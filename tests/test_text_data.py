@@ -130,3 +130,46 @@ def test_the_shared_padding_id_is_each_vocabularys_pad(small_bpe):
 
     assert addition.PAD == flipflop.PAD == PAD_ID
     assert small_bpe.tokenizer.token_to_id("<pad>") == PAD_ID
+
+
+def test_literal_special_token_text_is_encoded_as_text(small_bpe, tmp_path):
+    """Hugging Face tokenizers split "<s>" out of a document as BOS even without special tokens
+    (the stdlib corpus has regexes with (?P<s>...)); here it stays text and round-trips."""
+    text = r"regex (?P<s>\d{2}) then </s> and <pad>."
+    ids = small_bpe.encode(text)
+    assert not {small_bpe.pad_id, small_bpe.bos_id, small_bpe.eos_id} & set(ids)
+    assert small_bpe.decode(ids) == text
+    small_bpe.save(tmp_path / "tok.json")
+    assert BPETokenizer.load(tmp_path / "tok.json").encode(text) == ids
+
+
+def test_a_directory_of_the_older_format_is_re_encoded_with_its_own_vocabulary(tmp_path):
+    """Format 1 wrote "<s>" inside a document as BOS: such a directory is re-encoded in place,
+    token files and meta, with its tokenizer.json untouched."""
+    docs = invented_docs("s", 3, seed=1)
+    docs[1] = Document(docs[1].name, docs[1].text + " (?P<s>12) </s>")
+    corpora = {"books": invented_docs("b", 30), "stdlib": docs}
+    data = prepare_text_data(tmp_path, vocab_size=300, heldout_percent=20, load=corpora.__getitem__)
+    tok = data.tokenizer()
+    assert int((np.asarray(data.tokens("stdlib")) == tok.bos_id).sum()) == 3  # one per document
+    new_bytes = {split: (data.root / f"{split}.bin").read_bytes() for split in ("books_train", "stdlib")}
+    vocab = (data.root / "tokenizer.json").read_bytes()
+    old = BPETokenizer.load(data.root / "tokenizer.json")
+    old.tokenizer.encode_special_tokens = False  # format 1's encoding
+    old_ids = np.concatenate([[old.bos_id, *old.encode(d.text)] for d in docs]).astype(np.uint16)
+    old_ids.tofile(data.root / "stdlib.bin")
+    meta = json.loads((data.root / "meta.json").read_text())
+    meta["format"], meta["splits"]["stdlib"]["tokens"] = 1, len(old_ids)
+    (data.root / "meta.json").write_text(json.dumps(meta))
+    assert int((old_ids == tok.bos_id).sum()) == 4 and int((old_ids == tok.eos_id).sum()) == 1
+    again = prepare_text_data(tmp_path, vocab_size=300, heldout_percent=20, load=corpora.__getitem__)
+    for split, content in new_bytes.items():
+        assert (again.root / f"{split}.bin").read_bytes() == content, split
+    assert (again.root / "tokenizer.json").read_bytes() == vocab
+    meta = json.loads((again.root / "meta.json").read_text())
+    assert meta["format"] == 2 and meta["splits"]["stdlib"]["tokens"] == len(new_bytes["stdlib"]) // 2
+    assert not list(again.root.glob("*.tmp-*"))
+    (again.root / "meta.json").write_text(json.dumps({**meta, "format": 1}))
+    with pytest.raises(RuntimeError, match="lacks its documents.*delete that directory"):
+        prepare_text_data(tmp_path, vocab_size=300, heldout_percent=20,
+                          load={"books": invented_docs("b", 30), "stdlib": []}.__getitem__)

@@ -11,6 +11,7 @@ under a temporary name and renamed, so concurrent sweep jobs never see half a di
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -26,7 +27,11 @@ from torch.utils.data import IterableDataset
 from tape.data.corpus import Document, load_corpus, split_documents
 from tape.data.tokenizer import BPETokenizer, train_bpe
 
-FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2
+"""2: a document's literal "<s>", "</s>" or "<pad>" is encoded as text (1: as the special id).
+A directory of an older format is re-encoded in place with its own tokenizer.json."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ def prepare_text_data(
     corpus name to its documents (tests pass small invented corpora)."""
     root = Path(data_dir) / f"books-bpe{vocab_size}-h{heldout_percent}"
     if (root / "meta.json").is_file():
+        reencode_if_older(TextData(root), load)
         return TextData(root)
     tmp = root.with_name(f"{root.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -95,6 +101,35 @@ def prepare_text_data(
         if not (root / "meta.json").is_file():
             raise
     return TextData(root)
+
+
+def reencode_if_older(data: TextData, load: Callable[[str], list[Document]] = load_corpus) -> None:
+    """Rewrite the token files of a directory built by an older ``FORMAT_VERSION`` from the same
+    documents with its own tokenizer.json: the vocabulary, and every model trained on it, stays
+    valid. Each file (then meta.json) is replaced whole, never left half written."""
+    meta_path = data.root / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format", 1) >= FORMAT_VERSION:
+        return
+    log.warning("re-encoding %s (data format %s -> %s: literal special-token text stays text)",
+                data.root, meta.get("format", 1), FORMAT_VERSION)
+    tokenizer = data.tokenizer()
+    corpora: dict[str, dict[str, Document]] = {}
+    for split, info in meta["splits"].items():
+        corpus = "stdlib" if split == "stdlib" else "books"
+        docs = corpora.setdefault(corpus, {d.name: d for d in load(corpus)})
+        missing = [name for name in info["documents"] if name not in docs]
+        if missing:
+            raise RuntimeError(f"{data.root} has data format {meta.get('format', 1)} and must be re-encoded, "
+                               f"but the installed {corpus!r} corpus lacks its documents {missing[:3]}: "
+                               "delete that directory to rebuild it")
+        tmp = data.root / f"{split}.bin.tmp-{os.getpid()}"
+        info["tokens"] = write_token_file([docs[name] for name in info["documents"]], tokenizer, tmp)
+        os.replace(tmp, data.root / f"{split}.bin")
+    meta["format"] = FORMAT_VERSION
+    tmp = meta_path.with_name(f"meta.json.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp, meta_path)
 
 
 def random_blocks(tokens: np.ndarray, block_len: int, count: int, rng: np.random.Generator) -> Tensor:

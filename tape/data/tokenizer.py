@@ -2,7 +2,7 @@
 
 Digits are split one per token, as Llama's tokenizer does, so a number is as many tokens as it
 has digits (passkeys, verse numbers). Ids 0, 1, 2 are ``<pad>``, ``<s>`` (BOS) and ``</s>``
-(EOS); ``encode`` never adds them. Built on Hugging Face ``tokenizers`` (trains ~10 MB in
+(EOS); ``encode`` never adds them, and encodes their literal text ("<s>" in a regex) as text. Built on Hugging Face ``tokenizers`` (trains ~10 MB in
 seconds); :meth:`BPETokenizer.to_transformers` gives the ``PreTrainedTokenizerFast`` that the
 Hugging Face side (``save_pretrained`` next to a model) expects.
 """
@@ -23,6 +23,7 @@ class BPETokenizer:
     """encode(text) -> ids and decode(ids) -> text, with the special ids as attributes."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
+        tokenizer.encode_special_tokens = True  # a literal "<s>" in a document is text, not BOS
         self.tokenizer = tokenizer
         ids = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS]
         if ids != [0, 1, 2]:
