@@ -15,11 +15,12 @@ from tape.report.settings import setting_values
 
 
 @functools.cache
-def preset_setting(experiment: str, pe: str) -> dict[str, Any] | None:
-    """The flat setting of ``experiment=<experiment> pe=<pe>`` as conf/ has it now; None when it
-    does not compose (an experiment renamed on the command line has no preset). Values that
-    still hold an interpolation are left out (the run's resolved value is compared)."""
-    cfg = compose_or_none("config", [f"experiment={experiment}", f"pe={pe}"])
+def preset_setting(experiment: str, pe: str, overrides: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """The flat setting of ``experiment=<experiment> pe=<pe>`` (and ``overrides``: a claim
+    arm's) as conf/ has it now; None when it does not compose (an experiment renamed on the
+    command line has no preset). Values that still hold an interpolation are left out (the
+    run's resolved value is compared)."""
+    cfg = compose_or_none("config", [f"experiment={experiment}", f"pe={pe}", *overrides])
     if cfg is None:
         return None
     config = OmegaConf.to_container(cfg, resolve=False)

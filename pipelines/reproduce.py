@@ -6,8 +6,8 @@ of conf/claims.yaml it names, every arm at the seeds its claim's plan gives it (
 first, seed by seed, so an interrupted reproduction leaves whole pairs), and the paper's tables at
 ``--seeds``; the profiles are listed below.
 
-A run is finished when a run directory of its experiment / PE / seed (and, for a claim arm, with
-the arm's config values) holds metrics.json, or a committed record does (``<out>/records``,
+A run is finished when a run directory of its experiment / PE / seed (and, for a claim arm, of
+the setting the arm's command composes) holds metrics.json, or a committed record does (``<out>/records``,
 tape/report/records.py), so an interrupted reproduction, or one in a fresh clone, continues where
 it stopped. Each finished run's record is written as soon as its command returns, and results/
 renders from the records. ``--dry-run`` shows the plan and its estimated time, and runs nothing.
@@ -41,6 +41,7 @@ from tape.report.claims import lookup
 from tape.report.render import WouldLoseResults, render
 from tape.report.records import RecordConflict, export_all, finished_runs
 from tape.report.runs import Run, latest_finished
+from tape.report.settings import differences
 
 WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
 
@@ -75,13 +76,21 @@ def pending(step: Step, runs: Sequence[Run]) -> list[tuple[str, str, int]]:
     """(experiment, pe, seed) of the step's runs that have not finished."""
     if step.unavailable or step.done_file is not None:
         return []
-    if step.match:  # a claim arm: only runs with the arm's config values count
+    if step.match:  # a claim arm: only runs of the arm's command count (the report pools no other)
         done = {(r.experiment, r.pe, r.seed) for r in runs if r.finished and r.pe in step.pes
-                and all(lookup(r.config(), k) == v for k, v in step.match.items())}
+                and all(lookup(r.config(), k) == v for k, v in step.match.items()) and _arms_setting(step, r)}
     else:
         done = set(latest_finished(runs))
     return [(exp, pe, seed) for exp in step.experiments() for pe in step.pes for seed in step.seeds
             if (exp, pe, seed) not in done]
+
+
+def _arms_setting(step: Step, run: Run) -> bool:
+    """Whether ``run``'s setting is the one the arm's command composes (tape.report.settings:
+    keys only one of them has do not count): a run made by hand with another learning rate is
+    not the arm's, though it has the arm's pinned values."""
+    setting = preset_setting(run.experiment, run.pe, tuple(o for o in step.overrides if not o.startswith("paths.")))
+    return setting is None or not differences(run.config(), setting)
 
 
 def total(step: Step) -> int:
@@ -200,89 +209,128 @@ class Where:
 def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
             dry_run: bool = False, log: Callable[[str], None] = print, jobs: int = 1,
             records_dir: Path | None = None) -> list[Outcome]:
-    """Run each step's unfinished runs, never re-running a finished one: one step after the
-    other as Hydra multiruns (``jobs`` = 1), or ``jobs`` single runs at a time. Every run of
-    one call logs to one W&B group, ``reproduce-<time>`` (conf/logger/wandb.yaml). A run with a
-    record under ``records_dir`` counts as finished; each finished run's record is written there
-    as soon as its command returns."""
+    """Run each step's unfinished runs, never re-running a finished one, wave by wave: a wave's
+    runs to do are found when every earlier wave has finished (a table step then skips the runs
+    a claim arm finished before it). Inside a wave claim arms go seed by seed, primary arms first
+    (``_launch_order``): with ``jobs`` = 1 as Hydra multiruns, one step and seed at a time, each
+    finding its runs just before it starts; else ``jobs`` single runs at once. A command is never
+    launched twice in one call. Every run of one call logs to one W&B group,
+    ``reproduce-<time>`` (conf/logger/wandb.yaml). A run with a record under ``records_dir``
+    counts as finished; each finished run's record is written there as soon as its command
+    returns."""
     where = Where(runs_dir, records_dir)
     group = {WANDB_GROUP_VAR: f"reproduce-{time.strftime('%Y%m%d-%H%M%S')}"}
-    if jobs > 1:
-        return _execute_parallel(steps, where, runner, jobs, dry_run, log, group)
-    outcomes = []
-    for step in steps:
-        out, todo = _start(step, where, log)
-        outcomes.append(out)
-        if todo:
-            t0 = time.perf_counter()
-            for argv in commands(step, todo):
-                log(f"[{step.name}] {'would run' if dry_run else 'running'}: {shlex.join(argv)}")
-                if not dry_run:
-                    out.returncodes.append(runner(Launch(argv, env=group)))
-                    where.record(log)
-                    if out.returncodes[-1]:
-                        log(f"[{step.name}] exited with {out.returncodes[-1]}; going on with the next command")
-            out.wall_s = time.perf_counter() - t0
-        _finish(out, todo, where)
-    return outcomes
-
-
-def _execute_parallel(steps: Sequence[Step], where: Where, runner: Runner, jobs: int,
-                      dry_run: bool, log: Callable[[str], None], env: dict[str, str]) -> list[Outcome]:
-    """Waves in order; inside a wave ``jobs`` runs at once (cpu_count // jobs threads each),
-    then the ``alone`` steps one by one with every thread."""
-    started = [_start(step, where, log) for step in steps]
-    lock, record_lock = threading.Lock(), threading.Lock()
+    lock = threading.Lock()
     log = _serialised(log, lock)  # one whole line at a time from the worker threads
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    log_dir = where.runs / "reproduce-logs"
-    spans: dict[str, list[float]] = {}
-
-    def launch(item: tuple[Outcome, str, list[str]]) -> None:
-        out, label, argv = item
-        alone = out.step.alone
-        path = log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.log"
-        log(f"[{out.step.name}] {'would run' if dry_run else 'running'}: {shlex.join(argv)}"
-            + ("" if dry_run else f" ({'every core' if alone else f'{threads} thread(s)'}; log: {path})"))
-        if dry_run:
-            return
-        t0 = time.perf_counter()
-        code = runner(Launch(argv, None if alone else threads, path, env))
-        t1 = time.perf_counter()
-        with record_lock:  # one export at a time; log takes `lock` itself
-            where.record(log)
-        with lock:
-            out.returncodes.append(code)
-            span = spans.setdefault(out.step.name, [t0, t1])
-            span[0], span[1] = min(span[0], t0), max(span[1], t1)
-        log(f"[{out.step.name}] {label}: {'finished' if code == 0 else f'exited with {code}'} "
-            f"after {(t1 - t0) / 60:.1f} min")
-
-    for wave in sorted({out.step.wave for out, _ in started}):
-        items = [(out, label, argv) for out, todo in started if out.step.wave == wave and todo
-                 for label, argv in run_commands(out.step, todo)]
-        items = sorted(items, key=_launch_order)
-        if items and not dry_run:
-            log_dir.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(launch, [i for i in items if not i[0].step.alone]))
-        for item in (i for i in items if i[0].step.alone):
-            launch(item)
-    for out, todo in started:
+    started: dict[int, tuple[Outcome, list]] = {}  # by the step's index
+    spans: dict[str, list[float]] = {}  # step name -> [first start, last finish]
+    launched: set[tuple[str, ...]] = set()
+    running = _Wave(where, runner, dry_run, log, group, lock, threading.Lock(), spans, launched)
+    for wave in sorted({s.wave for s in steps}):
+        indexed = {i: _start(s, where, log) for i, s in enumerate(steps) if s.wave == wave}
+        started.update(indexed)
+        here = list(indexed.values())
+        if jobs > 1:
+            running.parallel(here, jobs)
+        else:
+            running.serial(here)
+    outcomes = []
+    for _, (out, todo) in sorted(started.items()):
         first, last = spans.get(out.step.name, (0.0, 0.0))
         out.wall_s = last - first
         _finish(out, todo, where)
-    return [out for out, _ in started]
+        outcomes.append(out)
+    return outcomes
+
+
+@dataclass
+class _Wave:
+    """What running one wave's commands needs: where runs and records go, how to launch, and the
+    call's shared record of spans and launched commands."""
+
+    where: Where
+    runner: Runner
+    dry_run: bool
+    log: Callable[[str], None]
+    env: dict[str, str]
+    lock: threading.Lock  # the log's, the spans' and the launched set's
+    record_lock: threading.Lock  # one records export at a time
+    spans: dict[str, list[float]]
+    launched: set[tuple[str, ...]]
+
+    def serial(self, here: list[tuple[Outcome, list]]) -> None:
+        """One command at a time in this console: per step and seed (claim arms seed by seed),
+        the runs still to do found just before it starts."""
+        items = [(out, seed) for out, todo in here if todo
+                 for seed in ([None] if out.step.done_file is not None else sorted({t[2] for t in todo}))]
+        for out, seed in sorted(items, key=lambda item: _order(item[0], item[1] or 0)):
+            todo = None  # a step with a done file: its one command
+            if seed is not None:
+                now = next(t for o, t in here if o is out) if self.dry_run else pending(out.step, self.where.finished())
+                todo = [t for t in now if t[2] == seed]
+                if not todo:  # finished by an earlier command of this wave
+                    continue
+            for argv in commands(out.step, todo):
+                self.launch(out, argv)
+
+    def parallel(self, here: list[tuple[Outcome, list]], jobs: int) -> None:
+        """``jobs`` single runs at once (cpu_count // jobs threads each, output in
+        ``<runs>/reproduce-logs/``), then the ``alone`` steps one by one with every thread."""
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        items = sorted(((out, label, argv) for out, todo in here if todo
+                        for label, argv in run_commands(out.step, todo)), key=_launch_order)
+        if items and not self.dry_run:
+            (self.where.runs / "reproduce-logs").mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(lambda i: self.launch(i[0], i[2], i[1], threads), [i for i in items if not i[0].step.alone]))
+        for out, label, argv in (i for i in items if i[0].step.alone):
+            self.launch(out, argv, label, None)
+
+    def launch(self, out: Outcome, argv: list[str], label: str | None = None, threads: int | None = None) -> None:
+        """Run one command (``label``: with its own log file and ``threads``; else in this
+        console), unless this call launched it already; then write the records of what finished."""
+        with self.lock:
+            if tuple(argv) in self.launched:
+                return
+            self.launched.add(tuple(argv))
+        path = None
+        where_to = ""
+        if label is not None:
+            path = self.where.runs / "reproduce-logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{label}.log"
+            where_to = f" ({'every core' if threads is None else f'{threads} thread(s)'}; log: {path})"
+        self.log(f"[{out.step.name}] {'would run' if self.dry_run else 'running'}: {shlex.join(argv)}"
+                 + ("" if self.dry_run else where_to))
+        if self.dry_run:
+            return
+        t0 = time.perf_counter()
+        code = self.runner(Launch(argv, threads, path, self.env))
+        t1 = time.perf_counter()
+        with self.lock:
+            out.returncodes.append(code)
+            span = self.spans.setdefault(out.step.name, [t0, t1])
+            span[0], span[1] = min(span[0], t0), max(span[1], t1)
+        with self.record_lock:  # one export at a time: the worker threads take turns
+            self.where.record(self.log)
+        if label is not None:
+            self.log(f"[{out.step.name}] {label}: {'finished' if code == 0 else f'exited with {code}'} "
+                     f"after {(t1 - t0) / 60:.1f} min")
+        elif code:
+            self.log(f"[{out.step.name}] exited with {code}; going on with the next command")
+
+
+def _order(out: Outcome, seed: int) -> tuple[int, int, float]:
+    """Claim arms (tier, seed, minutes): every primary arm's seed 0, then seed 1, ... so finished
+    runs form pairs early, the cheapest first; other steps keep their order (sorted() is stable)."""
+    if not out.step.match:
+        return (out.step.tier, 0, 0.0)
+    return (out.step.tier, seed, out.step.minutes)
 
 
 def _launch_order(item: tuple[Outcome, str, list[str]]) -> tuple[int, int, float]:
-    """Claim arms (tier, seed, minutes): every primary arm's seed 0, then seed 1, ... so finished
-    runs form pairs early, the cheapest first; other steps keep their order (sorted() is stable)."""
+    """``_order`` of a single run's command (its ``seed=``)."""
     out, _, argv = item
-    if not out.step.match:
-        return (out.step.tier, 0, 0.0)
-    seed = next(int(a.split("=", 1)[1]) for a in argv if a.startswith("seed="))
-    return (out.step.tier, seed, out.step.minutes)
+    seed = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("seed=")), 0)
+    return _order(out, seed)
 
 
 def _serialised(log: Callable[[str], None], lock: threading.Lock) -> Callable[[str], None]:

@@ -326,11 +326,15 @@ def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> 
     finish_arm(runs, "addition_c1/cpu", "rope", 3, "20261123-000004-aaaaaa",  # another schedule
                {"optim.lr": 0.001, "trainer.max_steps": 3000, "model.abacus": True})
     finish(runs, "addition_c1/cpu", "rope", 2, "20261123-000003-aaaaaa")  # no config: unknown arm
+    finish_arm(runs, "addition_c1/cpu", "rope", 4, "20261123-000005-aaaaaa",  # the arm's values, by hand
+               {**c1, "model.abacus": True, "optim.weight_decay": 0.5})  # with another weight decay
+    finish_arm(runs, "addition_c1/cpu", "rope", 5, "20261123-000006-aaaaaa",
+               {**c1, "model.abacus": True, "optim.weight_decay": 0.01})  # the preset's
     by_name = {s.name: s for s in plan("cpu", runs_dir=runs)}
     found = find_runs(runs)
     abacus = [seed for _, _, seed in pending(by_name["C1+C1b-rope_abacus"], found)]
     plain = [seed for _, _, seed in pending(by_name["C1-rope_plain"], found)]
-    assert abacus == [0, 2, *range(3, 16)] and plain == [1, 2, 3, 4, 5, 6, 7]
+    assert abacus == [0, 2, 3, 4, *range(6, 16)] and plain == [1, 2, 3, 4, 5, 6, 7]
 
 
 class InOrderPool:
@@ -368,6 +372,38 @@ def test_claim_runs_start_seed_by_seed_primary_arms_first(tmp_path: Path, monkey
     assert any("experiment=addition_c1/cpu pe=rope seed=0 optim.lr=0.0003 trainer.max_steps=2000 "
                "model.abacus=true" in c for c in first)
     assert not any("pe=nope" in c or "pe=alibi" in c for c in first)  # secondary arms come later
+
+
+def test_one_job_also_runs_claim_arms_seed_by_seed(tmp_path: Path) -> None:
+    """--jobs 1 ran every seed of one arm before the next arm started: an interrupted
+    reproduction left no pairs (review)."""
+    runs = tmp_path / "runs"
+    launched: list[list[str]] = []
+
+    def record(launch: Launch) -> int:
+        launched.append(launch.argv)
+        return 0
+
+    execute(plan("cpu", runs_dir=runs), runs, record, log=lambda _: None, jobs=1)
+    n_primary = sum(len(s.seeds) for s in plan("cpu") if s.tier == 0)
+    seeds = [int(next(a for a in argv if a.startswith("seed="))[5:]) for argv in launched]
+    assert seeds[:n_primary] == sorted(seeds[:n_primary]) and seeds[0] == 0 and len(set(seeds[:n_primary])) > 1
+    assert len(launched) == sum(len(s.seeds) for s in plan("cpu"))  # one multirun per arm and seed
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_table_step_skips_the_runs_a_claim_arm_finished_earlier_in_the_call(tmp_path: Path, jobs: int) -> None:
+    """cpu-full: the pretraining table step (a later wave) relaunched the RoPE / TAPE / ALiBi
+    seed-0 runs the C2 arms had just finished, when --jobs found every wave's runs up front."""
+    runs = tmp_path / "runs"
+    steps = [s for s in plan("cpu-full", runs_dir=runs, scrolls_data=None)
+             if s.name in ("C2+C4-tape", "C2-rope", "C2-alibi", "pretrain")]
+    runner = FakeRunner(runs, tmp_path / "results")
+    execute(steps, runs, runner, log=lambda _: None, jobs=jobs)
+    table = [c for c in runner.calls if "trainer.max_steps" not in c]  # the table step's commands
+    table_pes = {pe for c in table for a in shlex.split(c) if a.startswith("pe=") for pe in a[3:].split(",")}
+    assert table_pes and not table_pes & {"rope", "tape", "alibi"}
+    assert len(runner.calls) == len(set(runner.calls))
 
 
 def test_cpu_full_runs_the_claims_plan_then_the_tables(tmp_path: Path) -> None:
