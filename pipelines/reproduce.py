@@ -6,8 +6,8 @@ of conf/claims.yaml it names, every arm at the seeds its claim's plan gives it (
 first, seed by seed, so an interrupted reproduction leaves whole pairs), and the paper's tables at
 ``--seeds``; the profiles are listed below.
 
-A run is finished when a run directory of its experiment / PE / seed (and, for a claim arm, of
-the setting the arm's command composes) holds metrics.json, or a committed record does (``<out>/records``,
+A run is finished when a run directory of its experiment / PE / seed, of the setting its step's
+command composes (a claim arm's; a table's preset), holds metrics.json, or a committed record does (``<out>/records``,
 tape/report/records.py), so an interrupted reproduction, or one in a fresh clone, continues where
 it stopped. Each finished run's record is written as soon as its command returns, and results/
 renders from the records. ``--dry-run`` shows the plan and its estimated time, and runs nothing.
@@ -40,7 +40,7 @@ from pipelines.presets import preset_setting
 from tape.report.claims import lookup
 from tape.report.render import WouldLoseResults, render
 from tape.report.records import RecordConflict, export_all, finished_runs
-from tape.report.runs import Run, latest_finished
+from tape.report.runs import Run
 from tape.report.settings import differences
 
 WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
@@ -78,17 +78,18 @@ def pending(step: Step, runs: Sequence[Run]) -> list[tuple[str, str, int]]:
         return []
     if step.match:  # a claim arm: only runs of the arm's command count (the report pools no other)
         done = {(r.experiment, r.pe, r.seed) for r in runs if r.finished and r.pe in step.pes
-                and all(lookup(r.config(), k) == v for k, v in step.match.items()) and _arms_setting(step, r)}
-    else:
-        done = set(latest_finished(runs))
+                and all(lookup(r.config(), k) == v for k, v in step.match.items()) and _steps_setting(step, r)}
+    else:  # a table: runs of the preset's setting (those the table prefers)
+        done = {(r.experiment, r.pe, r.seed) for r in runs if r.finished and _steps_setting(step, r)}
     return [(exp, pe, seed) for exp in step.experiments() for pe in step.pes for seed in step.seeds
             if (exp, pe, seed) not in done]
 
 
-def _arms_setting(step: Step, run: Run) -> bool:
-    """Whether ``run``'s setting is the one the arm's command composes (tape.report.settings:
-    keys only one of them has do not count): a run made by hand with another learning rate is
-    not the arm's, though it has the arm's pinned values."""
+def _steps_setting(step: Step, run: Run) -> bool:
+    """Whether ``run``'s setting is the one the step's command composes (tape.report.settings:
+    keys only one of them has do not count; a step whose runs' experiment does not compose, as
+    SCROLLS' per-dataset names, takes any): a run made by hand with another learning rate is not
+    the arm's, though it has the arm's pinned values."""
     setting = preset_setting(run.experiment, run.pe, tuple(o for o in step.overrides if not o.startswith("paths.")))
     return setting is None or not differences(run.config(), setting)
 

@@ -337,6 +337,19 @@ def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> 
     assert abacus == [0, 2, 3, 4, *range(6, 16)] and plain == [1, 2, 3, 4, 5, 6, 7]
 
 
+def test_a_table_step_counts_only_runs_of_its_presets_setting(tmp_path: Path) -> None:
+    """The pretraining table counted a RoPE run trained 510 steps as its 500-step preset's."""
+    from pipelines.presets import preset_setting
+
+    runs = tmp_path / "runs"
+    steps = preset_setting("pretrain/cpu", "rope")["trainer.max_steps"]
+    finish_arm(runs, "pretrain/cpu", "rope", 0, "20261123-000001-aaaaaa", {"trainer.max_steps": steps + 10})
+    finish_arm(runs, "pretrain/cpu", "tape", 0, "20261123-000002-aaaaaa", {"trainer.max_steps": steps})
+    table = step(plan("tables", runs_dir=runs, scrolls_data=None), "pretrain")
+    todo = pending(table, find_runs(runs))
+    assert ("pretrain/cpu", "rope", 0) in todo and ("pretrain/cpu", "tape", 0) not in todo
+
+
 class InOrderPool:
     """ThreadPoolExecutor's map, one item after another in submission order: two real workers
     may reach the runner in either order, which would make a test of the launch order flaky."""
