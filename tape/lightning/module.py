@@ -106,8 +106,9 @@ class CausalLMModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         nll, right, tokens = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum").tolist()
         scored = tokens > 0  # no scored token: nothing to average
-        self.log("val/loss", nll / tokens if scored else float("nan"), prog_bar=True)
-        self.log("val/token_accuracy", right / tokens if scored else float("nan"))
+        # every rank holds the same pooled values: sync_dist averages equals (and keeps Lightning quiet)
+        self.log("val/loss", nll / tokens if scored else float("nan"), prog_bar=True, sync_dist=True)
+        self.log("val/token_accuracy", right / tokens if scored else float("nan"), sync_dist=True)
 
     def _reseed(self, batch_index: int) -> None:
         """Seed torch's global RNG from (seed, rank, batch index): the step's randomness no
