@@ -7,9 +7,9 @@ first, seed by seed, so an interrupted reproduction leaves whole pairs), and the
 ``--seeds``; the profiles are listed below.
 
 A run is finished when a run directory of its experiment / PE / seed, of the setting its step's
-command composes (a claim arm's; a table's preset), holds metrics.json, or a committed record does (``<out>/records``,
-tape/report/records.py), so an interrupted reproduction, or one in a fresh clone, continues where
-it stopped. Each finished run's record is written as soon as its command returns, and results/
+command composes (a claim arm's; a table's preset), holds metrics.json, or a committed record
+does (``<out>/records``, tape/report/records.py), so an interrupted reproduction, or one in a
+fresh clone, continues where it stopped. Each finished run's record is written as soon as its command returns, and results/
 renders from the records. ``--dry-run`` shows the plan and its estimated time, and runs nothing.
 
 ``--jobs N`` runs N runs at once, each with cpu_count // N torch threads and its output in
