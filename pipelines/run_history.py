@@ -94,4 +94,3 @@ class RunHistory(Callback):
         self.earlier_s = float(state_dict.get("train_time_s", 0.0))
         self.rows = list(state_dict.get("rows", []))
         self.restored = len(self.rows)  # the config stays this run's own (check_resumable compared them)
-

@@ -2,9 +2,10 @@
 
 Digits are split one per token, as Llama's tokenizer does, so a number is as many tokens as it
 has digits (passkeys, verse numbers). Ids 0, 1, 2 are ``<pad>``, ``<s>`` (BOS) and ``</s>``
-(EOS); ``encode`` never adds them, and encodes their literal text ("<s>" in a regex) as text. Built on Hugging Face ``tokenizers`` (trains ~10 MB in
-seconds); :meth:`BPETokenizer.to_transformers` gives the ``PreTrainedTokenizerFast`` that the
-Hugging Face side (``save_pretrained`` next to a model) expects.
+(EOS); ``encode`` never adds them, and encodes their literal text ("<s>" in a regex) as text.
+Built on Hugging Face ``tokenizers`` (trains ~10 MB in seconds);
+:meth:`BPETokenizer.to_transformers` gives the ``PreTrainedTokenizerFast`` that the Hugging Face
+side (``save_pretrained`` next to a model) expects.
 """
 
 from __future__ import annotations
