@@ -65,7 +65,7 @@ import sys
 import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -151,25 +151,32 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
                                                  f"output_dir={tables / 'benchmark'}"), 420, timed=True,
               expected_s=120),
     ]
+    # expected_s: the H100/H200 windows' wall times where a step ran (sweep 65 s, autotune 8 s,
+    # 50 steps 64-98 s, the benchmark 227 s); the step profiles, never run, are guesses that
+    # count their compiles. A step is not started with less --budget left than this.
     measure = [
         Check("where a 155M training step's time goes, TAPE vs RoPE, batch 4, 16 and 32 (profiler)",
-              (*py, "-m", "tape.bench.step_profile", "--batches", "4,16,32"), 240),
+              (*py, "-m", "tape.bench.step_profile", "--batches", "4,16,32"), 240, expected_s=120),
         Check("a 155M step compiled (torch.compile), RoPE vs TAPE, batch 4 (profiler)",
-              (*py, "-m", "tape.bench.step_profile", "--compile", "--batches", "4"), 420),
+              (*py, "-m", "tape.bench.step_profile", "--compile", "--batches", "4"), 420, expected_s=240),
         Check("a 155M step compiled with CUDA graphs (mode reduce-overhead), RoPE vs TAPE, batch 4 (profiler)",
-              (*py, "-m", "tape.bench.step_profile", "--compile-mode", "reduce-overhead", "--batches", "4"), 420),
+              (*py, "-m", "tape.bench.step_profile", "--compile-mode", "reduce-overhead", "--batches", "4"), 420,
+              expected_s=240),
         Check("attention operator by length, N = 1k-16k, forward and backward",
-              (*py, "-m", "pipelines.attention_sweep", "--device", "cuda", "--out", str(tables / "sweep")), 360),
+              (*py, "-m", "pipelines.attention_sweep", "--device", "cuda", "--out", str(tables / "sweep")), 360,
+              expected_s=90),
         Check("autotune the kernel's launch configs (bf16, head dims 64 and 128)",
-              (*py, "-m", "tape.kernels.autotune", "--dtypes", "bfloat16", "--head-dims", "64,128"), 300),
+              (*py, "-m", "tape.kernels.autotune", "--dtypes", "bfloat16", "--head-dims", "64,128"), 300,
+              expected_s=30),
         *(Check(f"time {TIMED_STEPS} steps of {preset}", (
             *py, "-m", "pipelines.train", f"experiment={preset}", "logger=csv", f"trainer.max_steps={TIMED_STEPS}",
-            f"trainer.val_check_interval={TIMED_STEPS}", f"paths.runs_dir={runs_dir}"), 300) for preset in GPU_PRESETS),
+            f"trainer.val_check_interval={TIMED_STEPS}", f"paths.runs_dir={runs_dir}"), 300, expected_s=100)
+          for preset in GPU_PRESETS),
         Check("benchmark of every encoding at the paper's shape", (
             *py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
-            f"output_dir={tables / 'benchmark-all'}"), 480),
+            f"output_dir={tables / 'benchmark-all'}"), 480, expected_s=240),
     ]
-    measure = [Check(c.name, c.argv, c.limit_s, timed=True, suite="measure") for c in measure]
+    measure = [replace(c, timed=True, suite="measure") for c in measure]
     chosen = {"core": core, "measure": measure, "all": core + measure}[suite]
     # the untimed proofs first, the longest expected first (so the side-by-side group ends
     # soonest), then the timed steps in their order
@@ -184,14 +191,33 @@ def run_check(check: Check, log: Path, limit_s: float | None = None, threads: in
     budget_first = limit_s is not None and limit_s < check.limit_s
     t0 = time.perf_counter()
     with open(log, "w") as f:
+        proc = subprocess.Popen(check.argv, stdout=f, stderr=subprocess.STDOUT, env=env)
         try:
-            code: int | None = subprocess.run(check.argv, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                              timeout=limit_s if budget_first else check.limit_s).returncode
+            code: int | None = proc.wait(timeout=limit_s if budget_first else check.limit_s)
         except subprocess.TimeoutExpired:
+            kill_tree(proc)
             code = None
     lines = log.read_text(errors="replace").splitlines()
     return Outcome(check.name, shlex.join(check.argv), code == 0, time.perf_counter() - t0, code,
                    log.name, lines[-12:], budget_cut=code is None and budget_first)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Kill a step and every process it started (pytest's workers, the resume check's training
+    legs): killing only the step left them on the GPU beside the timed steps that follow. They
+    stay in this process group, so a ``timeout`` around make gpu-check still reaches them."""
+    try:
+        import psutil
+
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except Exception:  # noqa: BLE001 - no psutil, or the step has just ended: the step alone
+        family = []
+    for member in [*family, proc]:
+        try:
+            member.kill()
+        except Exception:  # noqa: BLE001 - ended on its own meanwhile
+            pass
+    proc.wait()
 
 
 def run_steps(steps: Sequence[Check], out_dir: Path, budget_s: float | None = None, jobs: int = JOBS,
@@ -389,6 +415,8 @@ def _outcome_rows(summary: dict) -> list[str]:
 
 
 def _failure(outcome: dict) -> str:
+    if outcome.get("budget_cut"):
+        return "not finished (--budget spent; --continue runs it)"
     return "FAIL" if outcome["returncode"] is not None else "cut off (time limit)"
 
 
@@ -468,8 +496,9 @@ def page_md(summaries: list[dict]) -> str:
     """results/gpu.md: the newest verdict of every check, then every window, newest first."""
     latest: dict[str, tuple[dict, dict]] = {}
     for summary in sorted(summaries, key=lambda x: Path(x["dir"]).name):
-        for o in summary["outcomes"]:
-            latest[o["name"]] = (summary, o)
+        for o in summary["outcomes"]:  # a step --budget stopped has no verdict: an older one stands
+            if not o.get("budget_cut") or o["name"] not in latest:
+                latest[o["name"]] = (summary, o)
     rows = [f"| {name} | {'pass' if o['passed'] else _failure(o)} | {Path(s['dir']).name} | "
             f"{s['environment']['commit']} |" for name, (s, o) in latest.items()]
     return "\n".join([
@@ -672,11 +701,13 @@ def continue_window(window: Path, runs: Path, budget_s: float | None, jobs: int,
         print(f"{window}: every planned step has an outcome; nothing to continue")
         return 0 if all(o["passed"] for o in kept) else 1
     calls = summary["calls"]
-    call = len(calls) + 1
-    steps = [c for c in checks(runs / "gpu-check" / f"{window.name}-call{call}" / "runs", window, summary["suite"])
-             if c.name in pending]
+    call, started = len(calls) + 1, time.strftime("%Y%m%d-%H%M%S")
+    # the start time too: a call that died before any outcome came back is retried as the same
+    # call number, and its leftover runs (runs/ survives on a warm machine) failed the resume step
+    steps = [c for c in checks(runs / "gpu-check" / f"{window.name}-call{call}-{started}" / "runs", window,
+                               summary["suite"]) if c.name in pending]
     moved = _set_aside(steps, window, call)
-    calls = [*calls, {"started": time.strftime("%Y%m%d-%H%M%S"), "commit": env["commit"],
+    calls = [*calls, {"started": started, "commit": env["commit"],
                       "ran": [c.name for c in steps], "moved": moved}]
     plan = {k: summary[k] for k in ("suite", "only", "planned")} | {
         "calls": calls, "superseded": [*summary.get("superseded", []),

@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,48 @@ def test_a_timed_step_expected_to_outlast_the_budget_waits_for_the_next_call(tmp
     outcomes = gpu_check.run_steps(steps, tmp_path, budget_s=20)
     assert [o.name for o in outcomes] == ["short", "side"]  # an untimed step starts early: no skipping
     assert "skip long" in capsys.readouterr().out
+
+
+def test_a_step_cut_at_its_limit_takes_the_processes_it_started_with_it(tmp_path: Path) -> None:
+    """pytest's workers and the resume check's training legs outlived a cut step and kept the
+    GPU busy beside the timed steps after it (review)."""
+    psutil = pytest.importorskip("psutil")
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+            f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    step = gpu_check.Check("spawner", (sys.executable, "-c", code), 3)
+    outcome = gpu_check.run_check(step, tmp_path / "00.log")
+    assert outcome.returncode is None and not outcome.passed and not outcome.budget_cut
+    child = int(pid_file.read_text())
+    for _ in range(50):  # killed; at most a zombie until init reaps it
+        if not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the step's child {child} outlived the cut")
+
+
+def test_every_measure_step_says_how_long_it_takes(tmp_path: Path) -> None:
+    """All measure steps had the default 30 s, so with --budget a minutes-long step started with
+    30 s left and was cut (review)."""
+    measure = gpu_check.checks(tmp_path / "runs", tmp_path / "w", "measure")
+    assert all(c.timed and c.suite == "measure" for c in measure)
+    assert all(c.expected_s > 30 for c in measure if "autotune" not in c.name)
+    assert all(c.expected_s <= c.limit_s for c in measure)
+
+
+def test_a_step_the_budget_stopped_keeps_the_older_verdict_on_the_page(tmp_path: Path) -> None:
+    """A --budget cut is no verdict: it read 'cut off (time limit)' and hid an older pass."""
+    records = tmp_path / "records"
+    summary(records, gpu=True, fsdp_passed=True)
+    later = summary(records, gpu=True, stamp="20261126-010000") / "summary.json"
+    cut = json.loads(later.read_text())
+    cut["outcomes"][1].update(passed=False, returncode=None, budget_cut=True)
+    later.write_text(json.dumps(cut))
+    page = gpu_check.page_md([json.loads((p / "summary.json").read_text()) for p in sorted(records.iterdir())])
+    newest = page.split("## Newest verdict of each check")[1].split("## Window")[0]
+    assert "| fsdp | pass | 20261126-000000 |" in newest
+    assert "not finished (--budget spent; --continue runs it)" in page and "cut off (time limit)" not in page
 
 
 def test_without_a_gpu_it_refuses_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -516,7 +559,13 @@ def test_a_window_cut_by_the_budget_is_finished_by_a_second_call(tmp_path: Path,
     _fake_gpu(monkeypatch, [_sleeper(n, n != "a", 0.1) for n in names])
     device_copy = tmp_path / "copy" / window.name
     shutil.copytree(window, device_copy)
+    seen_runs: list[Path] = []
+    monkeypatch.setattr(gpu_check, "checks", lambda runs_dir, record, suite: seen_runs.append(runs_dir) or
+                        [_sleeper(n, n != "a", 0.1) for n in names])
     assert gpu_check.main(["--continue", str(device_copy), "--runs", str(runs), "--pack", str(tmp_path / "out2")]) == 0
+    # a retried call 2 (one that died before any outcome came back) gets runs of its own
+    (call2,) = seen_runs
+    assert call2.parent.name.startswith(f"{window.name}-call2-") and len(call2.parent.name) > len(window.name) + 7
     continued = gpu_check.unpack_window(tmp_path / "out2" / archive.name, results)
     assert continued == window
     done = json.loads((window / "summary.json").read_text())
