@@ -145,7 +145,7 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
         Check("TAPE at Llama-2-7B layer shape, N=4096", (*py, "-m", "pipelines.gpu_check", "llama7b"), 240, timed=True,
               expected_s=40),
         Check("throughput of the paper presets, random weights",
-              (*py, "-m", "pipelines.gpu_check", "throughput"), 480, timed=True, expected_s=150),
+              (*py, "-m", "pipelines.gpu_check", "throughput"), 480, timed=True, expected_s=180),
         Check("benchmark at the paper's shape", (*py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
                                                  f"pes=[{','.join(CORE_BENCHMARK_PES)}]",
                                                  f"output_dir={tables / 'benchmark'}"), 420, timed=True,
@@ -304,7 +304,8 @@ def llama7b_check(n: int = 4096, device: str = "cuda", shape: dict | None = None
     """TAPE in two layers of Llama-2-7B's shape (head dim 128): a bf16-autocast training step
     with the default backend (the Triton kernel on CUDA) and with SDPA, and an fp32 forward
     through each; max relative logit errors against SDPA, seconds (after one untimed warm-up
-    call) and peak GiB per step.
+    call) and peak GiB per step (the step's own: the reference weights and logits stay on the
+    host, and no earlier call's logits are held through it).
     Raises when the default backend's error exceeds 2e-2 (bf16) or 1e-3 (fp32)."""
     import torch
 
@@ -313,14 +314,15 @@ def llama7b_check(n: int = 4096, device: str = "cuda", shape: dict | None = None
     torch.manual_seed(0)
     cfg = dict(**(shape or LLAMA_7B_LAYERS), max_seq_len=n, pe="tape")
     ids = torch.randint(0, cfg["vocab_size"], (1, n), device=device)
-    base = DecoderLM(ModelConfig(**cfg, attn_backend="sdpa")).to(device)
+    base = DecoderLM(ModelConfig(**cfg, attn_backend="sdpa")).state_dict()  # kept on the host
     out: dict[str, float] = {}
-    logits: dict[str, torch.Tensor] = {}
+    logits: dict[str, torch.Tensor] = {}  # float64 copies on the host: not in a later run's peak
     for backend in ("sdpa", "auto"):
         model = DecoderLM(ModelConfig(**cfg, attn_backend=backend)).to(device)
-        model.load_state_dict(base.state_dict())
+        model.load_state_dict(base)
         for precision in ("bf16", "fp32"):
             for timed in (False, True):  # the first call compiles kernels and warms cuBLAS: untimed
+                value = None  # the last call's logits are not held through this one's peak
                 _reset_peak(device)
                 t0 = time.perf_counter()
                 with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -334,7 +336,8 @@ def llama7b_check(n: int = 4096, device: str = "cuda", shape: dict | None = None
                 model.zero_grad(set_to_none=True)
             out[f"{backend}_{precision}_s"] = time.perf_counter() - t0
             out[f"{backend}_{precision}_peak_gib"] = _peak_gib(device)
-            logits[f"{backend}_{precision}"] = value.detach().double()
+            logits[f"{backend}_{precision}"] = value.detach().double().cpu()
+            del value
     for precision, bound in (("bf16", 2e-2), ("fp32", 1e-3)):
         ref, got = logits[f"sdpa_{precision}"], logits[f"auto_{precision}"]
         out[f"auto_vs_sdpa_{precision}"] = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))

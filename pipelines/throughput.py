@@ -4,8 +4,9 @@ tokens/s, peak memory and the projected hours of its full step count
 (``python -m pipelines.gpu_check throughput``, a step of ``make gpu-check``).
 
 - The DecoderLM presets (``conf/experiment/*/paper*.yaml`` but context extension), with pe=tape:
-  one call is one micro-batch of task.batch_size x task.seq_len tokens (forward, loss, backward,
-  AdamW: tape.bench.TrainStep) under bf16 autocast; an optimizer step is
+  one call is one micro-batch (``micro_batch_shape``: task.batch_size x task.seq_len tokens, or a
+  generated task's widest real batch) (forward, loss, backward, AdamW: tape.bench.TrainStep)
+  under bf16 autocast; an optimizer step is
   trainer.accumulate_grad_batches calls (an upper bound: AdamW runs once per call here), and
   ``hours`` is trainer.max_steps of them in one process (the DDP presets, pretrain and scrolls,
   run this in each of their processes).
@@ -14,14 +15,15 @@ tokens/s, peak memory and the projected hours of its full step count
   fp32, gradient checkpointing), one row of extend.context tokens a call; the step time is
   projected to 32 layers linearly (an upper bound: the embedding and the head are counted 32 /
   layers times), extend.grad_accum calls an optimizer step, extend.steps steps; the peak adds
-  the projected layers' weights, gradients and AdamW state.
+  what a layer adds, measured as the peak's difference between ``layers`` and ``layers // 2``
+  layers (weights, gradients, AdamW state and the activations gradient checkpointing keeps).
 """
 
 from __future__ import annotations
 
 import gc
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from omegaconf import DictConfig
@@ -64,6 +66,25 @@ def _row(call_s: float, tokens: int, calls_per_step: int, max_steps: int, peak_g
             "hours": step_s * max_steps / 3600, "steps": max_steps, "tokens_per_step": tokens * calls_per_step}
 
 
+GENERATED_TASKS = ("addition", "word_problem", "flipflop")
+"""Tasks whose batches are generated here (no data to fetch) and padded to their longest row."""
+
+
+def micro_batch_shape(cfg: DictConfig, batches: int = 20) -> tuple[int, int]:
+    """(rows, tokens a row) of the preset's training micro-batches: task.batch_size x
+    task.seq_len, or for a generated task the widest of its first ``batches`` real batches (an
+    addition batch is padded to its longest sum, 64 tokens at 20 digits, not to seq_len 80)."""
+    if cfg.task.name not in GENERATED_TASKS:
+        return int(cfg.task.batch_size), int(cfg.task.seq_len)
+    from pipelines import tasks
+
+    datamodule = tasks.get(cfg.task.name).datamodule(cfg)
+    datamodule.setup("fit")
+    loader = iter(datamodule.train_dataloader())
+    shapes = [tuple(next(loader)["input_ids"].shape) for _ in range(batches)]
+    return shapes[0][0], max(width for _, width in shapes)
+
+
 def decoder_preset(preset: str, device: str, steps: int, warmup: int,
                    overrides: Sequence[str] = ()) -> dict[str, float]:
     """One DecoderLM preset (pe=tape): see the module's doc."""
@@ -71,7 +92,7 @@ def decoder_preset(preset: str, device: str, steps: int, warmup: int,
     from tape.bench.train_step import TrainStep
 
     cfg = compose_preset(preset, ("pe=tape", *FILLED.get(preset, ()), *overrides))
-    batch, seq = int(cfg.task.batch_size), int(cfg.task.seq_len)
+    batch, seq = micro_batch_shape(cfg)
     bf16 = "bf16" in str(cfg.trainer.precision)  # the preset's autocast, on a CPU too
     _reset_peak(device)
     step = TrainStep(model_config(cfg), batch, seq, torch.device(device), autocast=torch.bfloat16 if bf16 else None)
@@ -83,16 +104,45 @@ def decoder_preset(preset: str, device: str, steps: int, warmup: int,
 def extension_recipe(recipe_name: str, device: str, steps: int, warmup: int, layers: int = 8,
                      shape: dict | None = None, overrides: Sequence[str] = ()) -> dict[str, float]:
     """One context-extension recipe at Llama-2-7B's layer shape: see the module's doc."""
+    cfg = compose_preset(EXTENSION, overrides)
+    x = cfg.extend
+    _reset_peak(device)
+    step, trainable = _extension_step(cfg, recipe_name, device, layers, shape or LLAMA_2_7B)
+    call_s = _time(step, device, steps, warmup)
+    peak = _peak_gib(device)
+    del step
+    half = layers // 2
+    if half >= 1:  # what a layer adds to the peak, measured: weights, optimizer state, activations
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        _reset_peak(device)
+        step, _ = _extension_step(cfg, recipe_name, device, half, shape or LLAMA_2_7B)
+        for _ in range(warmup + 1):
+            step()
+        per_layer = (peak - _peak_gib(device)) / (layers - half)
+        del step
+    else:
+        per_layer = float("nan")
+    scale = LLAMA_2_7B_LAYERS / layers
+    row = _row(call_s * scale, int(x.batch_size) * int(x.context), int(x.grad_accum), int(x.steps),
+               peak + (LLAMA_2_7B_LAYERS - layers) * per_layer)
+    row.update(measured_layers=layers, measured_call_s=call_s, measured_peak_gib=peak, peak_gib_per_layer=per_layer,
+               trainable_params=trainable)
+    return row
+
+
+def _extension_step(cfg: DictConfig, recipe_name: str, device: str, layers: int,
+                    shape: dict) -> tuple[Callable[[], None], int]:
+    """A training call (forward, loss, backward, AdamW) of the recipe on ``layers`` layers of
+    ``shape``, built as the task builds it, and its trainable parameter count."""
     from pipelines.tasks.context_extension.stages import recipe_spec, set_dtypes
     from tape.hf.io import DTYPES, build_llama, enable_checkpointing
     from tape.hf.loss import split_losses
     from tape.hf.recipes import apply_recipe
 
-    cfg = compose_preset(EXTENSION, overrides)
     x, frozen = cfg.extend, DTYPES[cfg.model.frozen_dtype]
-    shape = shape or LLAMA_2_7B
     recipe, options = recipe_spec(cfg, recipe_name)
-    _reset_peak(device)
     with torch.device(device):
         model = build_llama(**shape, num_layers=layers, context=int(cfg.model.context)).to(frozen)
         torch.manual_seed(0)
@@ -114,15 +164,7 @@ def extension_recipe(recipe_name: str, device: str, steps: int, warmup: int, lay
         split_losses(logits, ids, None)["text"].backward()
         optimizer.step()
 
-    call_s = _time(step, device, steps, warmup)
-    # bytes of the decoder layers: weights, plus gradient and two AdamW moments of trainable ones
-    layer_bytes = sum(p.numel() * p.element_size() * (4 if p.requires_grad else 1)
-                      for n, p in model.named_parameters() if ".layers." in n)
-    scale = LLAMA_2_7B_LAYERS / layers
-    row = _row(call_s * scale, int(x.batch_size) * int(x.context), int(x.grad_accum), int(x.steps),
-               _peak_gib(device) + (scale - 1) * layer_bytes / 2**30)
-    row.update(measured_layers=layers, measured_call_s=call_s, trainable_params=sum(p.numel() for p in trainable))
-    return row
+    return step, sum(p.numel() for p in trainable)
 
 
 def throughput(device: str = "cuda", steps: int = 10, warmup: int = 2, presets: Sequence[str] | None = None,

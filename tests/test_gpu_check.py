@@ -490,6 +490,36 @@ def test_throughput_runs_every_paper_preset_on_a_cpu_at_a_tiny_shape(capsys: pyt
     assert set(json.loads(last)) == set(out)
 
 
+def test_throughput_times_generated_tasks_at_their_real_batch_width() -> None:
+    """addition/paper was timed at 256 x 80 tokens, its batches being padded to their longest
+    sum (at most 3 x 20 + 4 = 64): 1.28x the real work (review)."""
+    from pipelines.throughput import FILLED, compose_preset, micro_batch_shape
+
+    addition = compose_preset("addition/paper", ("pe=tape",))
+    assert micro_batch_shape(addition) == (256, 64) and int(addition.task.seq_len) == 80
+    pretrain = compose_preset("pretrain/paper", ("pe=tape", *FILLED.get("pretrain/paper", ())))
+    assert micro_batch_shape(pretrain) == (int(pretrain.task.batch_size), int(pretrain.task.seq_len))
+
+
+def test_the_extension_peak_adds_what_a_layer_measures(monkeypatch) -> None:
+    """The 32-layer peak was the measured one plus weights and optimizer state only: the
+    activations gradient checkpointing keeps per layer were left out (review). A layer's share
+    is now the peak's difference between two layer counts."""
+    import tape.hf.io
+    from pipelines import throughput
+
+    built: list[int] = []
+    real_build = tape.hf.io.build_llama
+    monkeypatch.setattr(tape.hf.io, "build_llama",
+                        lambda **kw: built.append(kw["num_layers"]) or real_build(**kw))
+    monkeypatch.setattr(throughput, "_peak_gib", lambda device: 3.0 + 0.5 * built[-1])  # 0.5 GiB a layer
+    llama = dict(vocab_size=64, hidden_size=64, intermediate_size=96, num_heads=2, num_kv_heads=2)
+    row = throughput.extension_recipe("lora", "cpu", steps=1, warmup=1, layers=4, shape=llama,
+                                      overrides=("model.context=32", "extend.context=64"))
+    assert built == [4, 2] and row["peak_gib_per_layer"] == pytest.approx(0.5)
+    assert row["peak_gib"] == pytest.approx(3.0 + 0.5 * 32) and row["measured_peak_gib"] == pytest.approx(5.0)
+
+
 def test_the_page_judges_the_efficiency_targets_from_a_gpu_benchmark(tmp_path: Path) -> None:
     """The H200 window's committed benchmark: every TAPE path missed the step-time target."""
     import re
