@@ -105,6 +105,46 @@ def test_pretrained_run_last_finds_the_newest_finished_run(make_cfg, pretrained)
     assert cfg.task.pretrained_run == str(pretrained)
 
 
+def test_pretrained_run_last_prefers_the_presets_run_to_a_newer_claim_arm(make_cfg, pretrained, tmp_path) -> None:
+    """`last` took the newest finished run of the PE and seed, in cpu-full an ablation arm (TAPE
+    without its attention update) or a longer RoPE run, and fine-tuned it as the PE's (review)."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    from pipelines.presets import preset_setting
+    from tape.report.settings import differences
+
+    folder = tmp_path / "runs" / "pretrain" / "smoke" / "tape" / "0"
+    preset_run, arm = folder / "20261122-120000-aaaaaa", folder / "20261122-130000-bbbbbb"  # the arm is newer
+    for run in (preset_run, arm):
+        shutil.copytree(pretrained, run)
+        config = OmegaConf.load(run / "config.yaml")
+        for key, _ in differences(OmegaConf.to_container(config), preset_setting("pretrain/smoke", "tape")).items():
+            OmegaConf.update(config, key, preset_setting("pretrain/smoke", "tape")[key])  # as the preset trains
+        if run == arm:
+            OmegaConf.update(config, "pe.tape_attn_update", False)
+        OmegaConf.save(config, run / "config.yaml")
+    cfg = scrolls_cfg(make_cfg, "task.pretrained_run=last", runs_dir=tmp_path / "runs")
+    scrolls_task.prepare(cfg)
+    assert cfg.task.pretrained_run == str(preset_run) and cfg.pe.tape_attn_update is True
+    (preset_run / "metrics.json").unlink()  # only the arm is finished: taken, with a warning
+    cfg = scrolls_cfg(make_cfg, "task.pretrained_run=last", runs_dir=tmp_path / "runs", name="ft2")
+    scrolls_task.prepare(cfg)
+    assert cfg.task.pretrained_run == str(arm)
+    with pytest.raises(PipelineConfigError, match="metrics.json not found"):  # named explicitly: refused
+        scrolls_task.prepare(scrolls_cfg(make_cfg, f"task.pretrained_run={preset_run}", name="ft3"))
+
+
+def test_fine_tuning_runs_of_several_seeds_pool_as_one_setting() -> None:
+    """Each seed's run records its own pretraining run's path: the table kept one seed a cell."""
+    from tape.report.settings import same_setting
+
+    a = {"task": {"pretrained_run": "/runs/pretrain/cpu/tape/0/x", "dataset": "qasper"}, "seed": 0}
+    b = {"task": {"pretrained_run": "/runs/pretrain/cpu/tape/1/y", "dataset": "qasper"}, "seed": 1}
+    assert same_setting(a, b)
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [

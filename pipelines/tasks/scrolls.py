@@ -2,7 +2,8 @@
 (tape-spec D.2, paper Table 1). One run = one SCROLLS dataset (``task.dataset``).
 
 ``task.pretrained_run`` names a finished ``pipelines.train`` pretraining run (its directory, or
-``last`` = the newest finished run of ``task.pretrain_experiment`` with this PE and seed). The
+``last`` = the newest finished run of ``task.pretrain_experiment`` with this PE and seed trained as
+that preset is, not a claim arm beside it; without one, the newest, with a warning). The
 fine-tuning model adopts that run's model and PE config (only ``max_seq_len`` becomes
 ``task.lengths.seq_len``), starts from its ``checkpoints/last.ckpt`` and uses its tokenizer.
 Data come from ``task.data_dir`` (local JSONL) or the hub (``tau/scrolls``); with neither, the run
@@ -15,6 +16,7 @@ returns the task's metric.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipelines.errors import PipelineConfigError, RunNotThereYet
 from pipelines.models import model_config
+from pipelines.presets import preset_setting
 from pipelines.result_files import Row, read_jsonl_rows
 from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
@@ -34,7 +37,10 @@ from tape.data.scrolls import (
 from tape.lightning import FineTuneDataModule
 from tape.metrics.scrolls import SCORE_KEY, compute_scores, score_file
 from tape.model.generate import TopKTopPSampler, argmax_choice, greedy_generate
-from tape.report.runs import find_runs, latest_finished
+from tape.report.runs import Run, find_runs
+from tape.report.settings import describe, differences
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------- pretrained run
@@ -50,20 +56,35 @@ def _find_pretrained(cfg: DictConfig) -> Path:
         folder = f"{cfg.task.pretrain_experiment}/{cfg.pe.name}/{cfg.seed}"  # this PE's and seed's runs only
         pattern = f"{folder}/*/metrics.json"
         key = (str(cfg.task.pretrain_experiment), str(cfg.pe.name), int(cfg.seed))
-        newest = latest_finished(find_runs(cfg.paths.runs_dir, under=folder)).get(key)
-        if newest is None:
+        finished = sorted((r for r in find_runs(cfg.paths.runs_dir, under=folder)
+                           if r.finished and (r.experiment, r.pe, r.seed) == key), key=lambda r: r.name)
+        if not finished:
             raise RunNotThereYet(
                 f"task.pretrained_run=last: no finished run matches {Path(cfg.paths.runs_dir) / pattern}; "
                 f"pretrain first (python -m pipelines.train experiment={cfg.task.pretrain_experiment} "
                 f"pe={cfg.pe.name} seed={cfg.seed})"
             )
-        return newest.path
+        return _preset_run(finished, *key[:2]).path
     run = Path(str(value))
-    for need in ("config.yaml", "checkpoints/last.ckpt"):
+    for need in ("config.yaml", "checkpoints/last.ckpt", "metrics.json"):  # metrics.json: it finished
         if not (run / need).is_file():
             raise PipelineConfigError(f"task.pretrained_run={value}: {run / need} not found; pass "
                                       "the directory of a finished pretraining run")
     return run
+
+
+def _preset_run(finished: Sequence[Run], experiment: str, pe: str) -> Run:
+    """The newest of ``finished`` (oldest first) trained as the pretraining preset is, so a claim
+    arm beside it (an ablation, a longer run) is not fine-tuned as the PE's model; without one,
+    the newest run, with a warning naming how it differs."""
+    preset = preset_setting(experiment, pe)
+    fitting = [r for r in finished if preset is None or not differences(r.config(), preset)]
+    if fitting:
+        return fitting[-1]
+    chosen = finished[-1]
+    log.warning("task.pretrained_run=last: no run of %s pe=%s is the preset's setting; taking the newest, %s "
+                "(%s)", experiment, pe, chosen.path, describe(differences(chosen.config(), preset)))
+    return chosen
 
 
 def prepare(cfg: DictConfig) -> None:
