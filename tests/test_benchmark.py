@@ -166,6 +166,43 @@ def test_rss_probe_reports_a_step_peak_in_a_fresh_process():
     assert out["rss_step_peak_bytes"] >= 0
 
 
+def test_the_rss_probe_steps_under_the_benchmarks_autocast(monkeypatch):
+    """The fresh-process RSS step ran in fp32 while the timed steps of a bf16 benchmark used
+    autocast (review): the spec carries the section's autocast and the probe applies it."""
+    from tape.bench import rss_probe
+    from tape.bench import run as bench_run
+
+    specs, probed = [], []
+    monkeypatch.setattr(bench_run, "rss_in_subprocess", lambda spec: specs.append(spec) or {})
+    train = bench_run.TrainSettings(vocab_size=64, n_layers=1, d_model=32, n_heads=2, seq_len=16,
+                                    warmup=1, repeats=1)
+    bench_run._train_bench(make_variants(["rope"]), bench_run.BenchSettings(train=train, rss=True),
+                           torch.device("cpu"), torch.bfloat16, lambda msg: None)
+    assert [s["autocast"] for s in specs] == ["bfloat16"]
+
+    real = rss_probe.TrainStep
+    monkeypatch.setattr(rss_probe, "TrainStep", lambda *a, **k: probed.append(k.get("autocast")) or real(*a, **k))
+    monkeypatch.setattr(rss_probe, "rss_step_peak", lambda step: {})
+    rss_probe.main([json.dumps(specs[0])])
+    assert probed == [torch.bfloat16]
+
+
+def test_saved_bytes_leave_out_autocasts_copies_of_the_weights():
+    """Under bf16 autocast the weights' bf16 copies autograd keeps were counted as activations,
+    though weights are excluded (review: 8 % of RoPE's saved bytes in the H200 window)."""
+    from tape.bench.train_step import TrainStep
+
+    cfg = ModelConfig(vocab_size=512, n_layers=2, d_model=128, n_heads=4, max_seq_len=64, pe="rope")
+    step = TrainStep(cfg, 1, 64, torch.device("cpu"), autocast=torch.bfloat16)
+    step()
+    params = list(step.model.parameters())
+    weights_bf16 = sum(p.numel() * 2 for n, p in step.model.named_parameters()
+                       if n.endswith("proj.weight") or n == "lm_head.weight")
+    counted = saved_tensor_bytes(step.loss, exclude=params)
+    with_copies = saved_tensor_bytes(step.loss, exclude=[])  # weights and their copies counted
+    assert with_copies - counted >= weights_bf16  # every projection's bf16 copy is left out
+
+
 # ---------------------------------------------------------------- the pipeline
 def test_config_presets_and_overrides():
     from pipelines.benchmark import settings_from_config
@@ -417,6 +454,7 @@ def test_a_length_that_runs_out_of_memory_is_told_and_the_sweep_goes_on(monkeypa
     assert "forward_backward" in res["rows"][32]["tape_unfused"]
     md = sweep_mod.markdown(res, "python -m pipelines.attention_sweep")
     assert "| rope | not run: out of memory" in md and "| 1.00 |" in md  # FLOPs from the length that ran
+    assert "FLOPs / RoPE's (N = 32) |" in md  # and the header names that length (the ratio falls with N)
     assert_tables_well_formed(md)
 
 

@@ -1,6 +1,6 @@
 """Memory measures. CPU has no allocator statistics in torch, so on CPU we report
 (1) the bytes autograd saves for backward during the forward pass (activation memory: exact,
-deterministic, parameters excluded), and (2) the peak RSS of a fresh process during one
+deterministic, parameters and autocast's copies of them excluded), and (2) the peak RSS of a fresh process during one
 training step above its RSS just before it. On CUDA we report torch.cuda.max_memory_allocated
 during one training step above what was allocated before it.
 """
@@ -25,37 +25,53 @@ def _identity(t: Tensor) -> Tensor:
 
 
 def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> int:
-    """Bytes of the distinct storages autograd saves while ``fn`` runs, minus ``exclude`` (weights).
+    """Bytes of the distinct storages autograd saves while ``fn`` runs, without ``exclude``
+    (weights) and their copies (autocast's half-precision casts of them, their transposes).
 
     Views and expanded tensors share a storage and are counted once; the result of ``fn`` is
     dropped afterwards, so its graph is freed.
     """
-    skip = {t.untyped_storage().data_ptr() for t in exclude}
-    seen: dict[int, int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in skip:
-            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
-        return t
-
-    with observing_saves(pack, _identity):
-        out = fn()
-    del out
-    return sum(seen.values())
+    return sum(nbytes for _, nbytes in _saved_storages(fn, exclude).values())
 
 
 def saved_tensors_by_shape(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> dict[str, dict[str, int]]:
     """``saved_tensor_bytes`` broken down: "shape dtype" of the first tensor saved on each distinct
     storage -> {"count", "bytes"} (largest first), to see which tensors make a memory gap."""
+    groups: dict[str, dict[str, int]] = {}
+    for name, nbytes in _saved_storages(fn, exclude).values():
+        g = groups.setdefault(name, {"count": 0, "bytes": 0})
+        g["count"] += 1
+        g["bytes"] += nbytes
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]["bytes"]))
+
+
+WEIGHT_COPIES = frozenset({"ToCopyBackward0", "TBackward0", "TransposeBackward0", "PermuteBackward0",
+                           "ViewBackward0", "ExpandBackward0", "UnsafeViewBackward0"})
+"""Autograd nodes between a saved tensor and a weight it merely recasts or reshapes."""
+
+
+def _copy_of(t: Tensor, leaves: set[int]) -> bool:
+    """Whether ``t`` is one of ``leaves`` cast or reshaped (autocast's bf16 copy of a weight)."""
+    node = t.grad_fn
+    while node is not None and type(node).__name__ in WEIGHT_COPIES:
+        node = node.next_functions[0][0] if node.next_functions else None
+        if node is not None and type(node).__name__ == "AccumulateGrad":
+            return id(node.variable) in leaves
+    return False
+
+
+def _saved_storages(fn: Callable[[], Any], exclude: Iterable[Tensor]) -> dict[int, tuple[str, int]]:
+    """Storage address -> ("shape dtype" of the first tensor saved on it, its bytes) of what
+    autograd saves while ``fn`` runs, ``exclude`` and their copies left out."""
+    exclude = list(exclude)
     skip = {t.untyped_storage().data_ptr() for t in exclude}
+    leaves = {id(t) for t in exclude}
     seen: dict[int, tuple[str, int]] = {}
 
     def pack(t: Tensor) -> Tensor:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in skip:
+        if ptr not in skip and not (leaves and _copy_of(t, leaves)):
             name = f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
             old = seen.get(ptr)
             seen[ptr] = (old[0] if old else name, max(old[1] if old else 0, storage.nbytes()))
@@ -64,12 +80,7 @@ def saved_tensors_by_shape(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()
     with observing_saves(pack, _identity):
         out = fn()
     del out
-    groups: dict[str, dict[str, int]] = {}
-    for name, nbytes in seen.values():
-        g = groups.setdefault(name, {"count": 0, "bytes": 0})
-        g["count"] += 1
-        g["bytes"] += nbytes
-    return dict(sorted(groups.items(), key=lambda kv: -kv[1]["bytes"]))
+    return seen
 
 
 def cuda_peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:

@@ -192,7 +192,8 @@ def _train_bench(
             if v.label not in timings:
                 continue
             spec = {"model": rows[v.label]["model"], "batch": t.batch, "seq_len": t.seq_len,
-                    "threads": s.threads, "seed": s.seed}
+                    "threads": s.threads, "seed": s.seed,  # the timed steps' autocast, measured alike
+                    "autocast": None if autocast is None else str(autocast).removeprefix("torch.")}
             rows[v.label]["memory"].update(rss_in_subprocess(spec))
     return {"config": asdict(t), "autocast": None if autocast is None else str(autocast).removeprefix("torch."),
             "tokens_per_step": tokens, "peak_bf16_flops": peak, "rows": rows, "_timings": timings}

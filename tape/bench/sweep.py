@@ -168,9 +168,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
            f"(batch = tokens / N), median of {st['repeats']} interleaved rounds after {st['warmup']} "
            "warm-up calls. A cell: ms, TFLOP/s (full N x N count), time / RoPE's.", ""]
     for name, title in (("forward", "Forward"), ("forward_backward", "Forward and backward")):
-        out += [f"## {title}", "", "| variant | " + " | ".join(f"N = {n}" for n in lens) + " | FLOPs / RoPE's |",
+        at = next((n for n in lens if "flops" in rows[n].get("rope", {})), None)  # the ratio falls with N
+        counted = rows[at] if at is not None else {}
+        out += [f"## {title}", "", "| variant | " + " | ".join(f"N = {n}" for n in lens)
+                + f" | FLOPs / RoPE's{f' (N = {at})' if at is not None else ''} |",
                 "|---|" + "---|" * (len(lens) + 1)]
-        counted = next((rows[n] for n in lens if "flops" in rows[n].get("rope", {})), {})
         for label in labels:
             flops = (f"{counted[label]['flops'][name] / counted['rope']['flops'][name]:.2f}"
                      if "flops" in counted.get(label, {}) else "n/a")
