@@ -1,8 +1,8 @@
 """Memory measures. CPU has no allocator statistics in torch, so on CPU we report
 (1) the bytes autograd saves for backward during the forward pass (activation memory: exact,
-deterministic, parameters and autocast's copies of them excluded), and (2) the peak RSS of a fresh process during one
-training step above its RSS just before it. On CUDA we report torch.cuda.max_memory_allocated
-during one training step above what was allocated before it.
+deterministic, parameters and autocast's copies of them excluded), and (2) the peak RSS of a
+fresh process during one training step above its RSS just before it. On CUDA we report
+torch.cuda.max_memory_allocated during one training step above what was allocated before it.
 """
 
 from __future__ import annotations
