@@ -30,7 +30,7 @@ from pipelines.entry import run_entry, task_wrapper
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import CONF_DIR, instantiate_group
 from pipelines.models import check_position_range
-from pipelines.precision import eval_autocast
+from pipelines.precision import eval_autocast, evaluation_precision
 from pipelines.result_files import write_json_once
 from pipelines.run_dirs import claim_run_dir
 from pipelines.run_source import RunSource, open_run
@@ -132,6 +132,17 @@ def print_metrics(metrics: dict[str, Any]) -> None:
     print("metrics:\n" + "\n".join(lines), flush=True)
 
 
+def run_precision(asked: str, run_cfg: DictConfig | None, device_type: str) -> str:
+    """The precision to evaluate at: what was asked, or for ``auto`` the precision the run
+    evaluated itself at (``evaluation_precision``: a re-evaluation reproduces its metrics.json),
+    and for a bare model directory bf16 autocast on a GPU, fp32 on a CPU."""
+    if asked != "auto":
+        return asked
+    if run_cfg is not None and run_cfg.get("trainer") is not None:
+        return evaluation_precision(run_cfg)
+    return "bf16-mixed" if device_type == "cuda" else "32"
+
+
 @task_wrapper
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Load the run's model, run the evaluation, write and log the metrics; return them."""
@@ -150,7 +161,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         check_position_range(mc, *need)  # e.g. RandPE asked beyond its trained range
     if mc is not None:
         task.check_model(mc, task_cfg)  # e.g. addition's grid beyond the Abacus table
-    autocast = eval_autocast(torch.device(device).type, str(cfg.precision))  # a bad precision fails here
+    precision = run_precision(str(cfg.precision), source.run_cfg, torch.device(device).type)
+    autocast = eval_autocast(torch.device(device).type, precision)  # a bad precision fails here
     model, facts = source.load_model(device, str(cfg.dtype))  # a broken checkpoint fails here
     claim_run_dir(out_dir, OmegaConf.create({"run_dir": str(source.run_dir), "stage": source.stage,
                                              "checkpoint": str(source.ckpt), "device": device,
@@ -159,7 +171,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     title = f"{labels.get('pe', 'model')} seed {labels.get('seed', '-')}" + (
         f" ({source.ckpt.name})" if source.ckpt else "")
     metrics: dict[str, Any] = {"task": task_cfg.name, **labels, **facts, "device": device,
-                               "precision": str(cfg.precision)}
+                               "precision": precision}
     with autocast:
         metrics.update(task.evaluate(model, task_cfg, out_dir, title))
     metrics["wall_time_s"] = time.perf_counter() - t0

@@ -337,6 +337,19 @@ def test_evaluation_precision_follows_the_request() -> None:
         eval_autocast("cpu", "bf16")
 
 
+def test_reevaluation_defaults_to_the_precision_the_run_evaluated_at(tmp_path: Path) -> None:
+    """A run that evaluated under bf16 autocast was re-evaluated in fp32 by default on a CPU (and
+    a 32-true run in bf16 on a GPU): another number than its metrics.json (review)."""
+    run = finished_run(tmp_path / "runs", "experiment=addition/smoke", "eval_precision=bf16-mixed")
+    own = json.loads((run / "metrics.json").read_text())
+    again = run_eval(run, "logger=none", name="default")
+    assert again["precision"] == "bf16-mixed"
+    assert again["digit_accuracy"] == pytest.approx(own["digit_accuracy"])
+    assert run_eval(run, "logger=none", "precision=32", name="fp32")["precision"] == "32"
+    assert evaluate_mod.run_precision("auto", None, "cuda") == "bf16-mixed"  # a model directory
+    assert evaluate_mod.run_precision("auto", None, "cpu") == "32"
+
+
 def test_a_bad_precision_is_refused_before_the_eval_dir_is_claimed(pretrained: Path) -> None:
     with pytest.raises(PipelineConfigError, match="precision=fp8: choose"):
         run_eval(pretrained, "precision=fp8", name="fp8")
