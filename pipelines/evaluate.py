@@ -30,7 +30,7 @@ from pipelines.entry import run_entry, task_wrapper
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import CONF_DIR, instantiate_group
 from pipelines.models import check_position_range
-from pipelines.precision import eval_autocast, evaluation_precision
+from pipelines.precision import device_default, eval_autocast, evaluation_precision
 from pipelines.result_files import write_json_once
 from pipelines.run_dirs import claim_run_dir
 from pipelines.run_source import RunSource, open_run
@@ -140,7 +140,7 @@ def run_precision(asked: str, run_cfg: DictConfig | None, device_type: str) -> s
         return asked
     if run_cfg is not None and run_cfg.get("trainer") is not None:
         return evaluation_precision(run_cfg)
-    return "bf16-mixed" if device_type == "cuda" else "32"
+    return device_default(device_type)
 
 
 @task_wrapper

@@ -29,13 +29,18 @@ def evaluation_precision(cfg) -> str:
     return known_precision(str(value), "eval_precision", "null (the trainer's), 32, bf16-mixed or 16-mixed")
 
 
+def device_default(device_type: str) -> str:
+    """``auto``'s precision on a device: bf16 autocast on a GPU, fp32 elsewhere."""
+    return "bf16-mixed" if device_type == "cuda" else "32"
+
+
 def eval_autocast(device_type: str, precision: str) -> ContextManager:
     """A context for evaluating on ``device_type`` at ``precision``: ``auto`` (bf16 autocast on
     a GPU, fp32 on a CPU), a Lightning mixed precision (bf16-mixed, 16-mixed: autocast), or
     full precision (32, 32-true: no autocast). Weights stay as they are: only autocast lowers."""
     precision = str(precision)
     if precision == "auto":
-        precision = "bf16-mixed" if device_type == "cuda" else "32"
+        precision = device_default(device_type)
     if known_precision(precision, "precision", "auto, 32, bf16-mixed or 16-mixed") in FULL:
         return contextlib.nullcontext()
     import torch  # here, not at import: pipelines.train reports config errors before torch loads
