@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipelines.hydra_conf import CONF_DIR
-from tape.report.settings import setting_values
+from tape.report.settings import differences, setting_values
 
 
 def compose_apart(overrides: list[str]) -> DictConfig | None:
@@ -43,3 +43,11 @@ def preset_setting(experiment: str, pe: str, overrides: tuple[str, ...] = ()) ->
         return None
     config = OmegaConf.to_container(cfg, resolve=False)
     return {k: v for k, v in setting_values(config).items() if not (isinstance(v, str) and "${" in v)}
+
+
+def is_preset_run(config: dict[str, Any], experiment: str, pe: str, overrides: tuple[str, ...] = ()) -> bool:
+    """Whether a run's ``config`` has the setting ``experiment=<experiment> pe=<pe>`` and
+    ``overrides`` compose to (keys only one of them has do not count); True where that does not
+    compose (no preset to hold it to)."""
+    setting = preset_setting(experiment, pe, overrides)
+    return setting is None or not differences(config, setting)

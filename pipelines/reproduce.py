@@ -9,8 +9,8 @@ first, seed by seed, so an interrupted reproduction leaves whole pairs), and the
 A run is finished when a run directory of its experiment / PE / seed, of the setting its step's
 command composes (a claim arm's; a table's preset), holds metrics.json, or a committed record
 does (``<out>/records``, tape/report/records.py), so an interrupted reproduction, or one in a
-fresh clone, continues where it stopped. Each finished run's record is written as soon as its command returns, and results/
-renders from the records. ``--dry-run`` shows the plan and its estimated time, and runs nothing.
+fresh clone, continues where it stopped. Each finished run's record is written as soon as its
+command returns, and results/ renders from the records. ``--dry-run`` shows the plan and its estimated time, and runs nothing.
 
 ``--jobs N`` runs N runs at once, each with cpu_count // N torch threads and its output in
 ``<runs>/reproduce-logs/``: the small cpu-profile models use a second core poorly, so two
@@ -36,12 +36,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from pipelines.plan import Step, bench_dir, load_profile, plan, profiles
-from pipelines.presets import preset_setting
+from pipelines.presets import is_preset_run, preset_setting
 from tape.report.claims import lookup
 from tape.report.render import WouldLoseResults, render
 from tape.report.records import RecordConflict, export_all, finished_runs
 from tape.report.runs import Run
-from tape.report.settings import differences
 
 WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
 
@@ -90,8 +89,8 @@ def _steps_setting(step: Step, run: Run) -> bool:
     keys only one of them has do not count; a step whose runs' experiment does not compose, as
     SCROLLS' per-dataset names, takes any): a run made by hand with another learning rate is not
     the arm's, though it has the arm's pinned values."""
-    setting = preset_setting(run.experiment, run.pe, tuple(o for o in step.overrides if not o.startswith("paths.")))
-    return setting is None or not differences(run.config(), setting)
+    return is_preset_run(run.config(), run.experiment, run.pe,
+                         tuple(o for o in step.overrides if not o.startswith("paths.")))
 
 
 def total(step: Step) -> int:

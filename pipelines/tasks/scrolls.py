@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipelines.errors import PipelineConfigError, RunNotThereYet
 from pipelines.models import model_config
-from pipelines.presets import preset_setting
+from pipelines.presets import is_preset_run, preset_setting
 from pipelines.result_files import Row, read_jsonl_rows
 from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
@@ -77,13 +77,13 @@ def _preset_run(finished: Sequence[Run], experiment: str, pe: str) -> Run:
     """The newest of ``finished`` (oldest first) trained as the pretraining preset is, so a claim
     arm beside it (an ablation, a longer run) is not fine-tuned as the PE's model; without one,
     the newest run, with a warning naming how it differs."""
-    preset = preset_setting(experiment, pe)
-    fitting = [r for r in finished if preset is None or not differences(r.config(), preset)]
+    fitting = [r for r in finished if is_preset_run(r.config(), experiment, pe)]
     if fitting:
         return fitting[-1]
     chosen = finished[-1]
+    differs = describe(differences(chosen.config(), preset_setting(experiment, pe)))
     log.warning("task.pretrained_run=last: no run of %s pe=%s is the preset's setting; taking the newest, %s "
-                "(%s)", experiment, pe, chosen.path, describe(differences(chosen.config(), preset)))
+                "(%s)", experiment, pe, chosen.path, differs)
     return chosen
 
 
