@@ -9,13 +9,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import PipelineConfigError, RunNotThereYet
-from pipelines.hydra_conf import CONF_DIR
+from pipelines.hydra_conf import CONF_DIR, compose_or_none
 from pipelines.run_dirs import RUN_CLAIM, is_rank_zero
 
 
@@ -196,18 +194,6 @@ def preflight(config_name: str, argv: list[str],
             check_writable(run_dir.parent, "hydra.run.dir", run_dir)  # a run outside paths.runs_dir
     if multirun and check_job is not None and (problem := sweep_problem(config_name, overrides, check_job)):
         raise PipelineConfigError(problem)
-
-
-def compose_or_none(config_name: str, overrides: list[str], hydra: bool = False) -> DictConfig | None:
-    """conf/<config_name> composed with ``overrides`` (with the hydra node when ``hydra``), or
-    None when Hydra cannot compose it (Hydra then reports why itself)."""
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra)
-    except Exception:  # noqa: BLE001 - any composition failure: left to Hydra's own message
-        return None
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def _dotted_keys(node: Any, prefix: str = "") -> list[str]:

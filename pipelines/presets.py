@@ -8,28 +8,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
-from pipelines.hydra_conf import CONF_DIR
+from pipelines.hydra_conf import compose_or_none
 from tape.report.settings import differences, setting_values
-
-
-def compose_apart(overrides: list[str]) -> DictConfig | None:
-    """conf/config.yaml composed with ``overrides`` by Hydra's config loader without Hydra's
-    global state, so a running job (SCROLLS choosing its pretraining run) can call it; None when
-    it does not compose. The hydra node is dropped."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
-    from hydra.types import RunMode
-
-    try:
-        loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
-        cfg = loader.load_configuration(config_name="config", overrides=list(overrides), run_mode=RunMode.RUN)
-    except Exception:  # noqa: BLE001 - any composition failure: not a preset
-        return None
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
 
 
 @functools.cache
@@ -38,7 +20,7 @@ def preset_setting(experiment: str, pe: str, overrides: tuple[str, ...] = ()) ->
     arm's) as conf/ has it now; None when it does not compose (an experiment renamed on the
     command line has no preset). Values that still hold an interpolation are left out (the
     run's resolved value is compared)."""
-    cfg = compose_apart([f"experiment={experiment}", f"pe={pe}", *overrides])
+    cfg = compose_or_none("config", [f"experiment={experiment}", f"pe={pe}", *overrides])
     if cfg is None:
         return None
     config = OmegaConf.to_container(cfg, resolve=False)

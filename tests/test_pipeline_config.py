@@ -277,3 +277,31 @@ def test_a_sweep_job_waiting_for_another_run_does_not_stop_the_others(tmp_path: 
         check_settings(cfg)
     preflight("config", ["-m", "experiment=scrolls/smoke", "pe=rope,tape", "task.pretrained_run=last",
                          f"paths.runs_dir={tmp_path}"], check_settings)
+
+
+def test_compose_or_none_matches_hydra_and_leaves_a_running_jobs_hydra_alone() -> None:
+    """The loader-based composition gives compose()'s config (with the hydra node when asked,
+    version base 1.3), and inside an initialised Hydra (a running job) leaves it initialised."""
+    from hydra import compose, initialize_config_dir, version
+    from hydra.core.global_hydra import GlobalHydra
+
+    from pipelines.hydra_conf import compose_or_none
+
+    overrides = ["experiment=addition/smoke", "pe=rope", "trainer.max_steps=7"]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        expected = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        before = version.getbase()
+        got = compose_or_none("config", overrides, hydra=True)
+        assert GlobalHydra.instance().is_initialized()
+        assert version.getbase() == before
+    GlobalHydra.instance().clear()
+    assert got is not None
+    plain = OmegaConf.to_container(got, resolve=False)
+    wanted = OmegaConf.to_container(expected, resolve=False)
+    for node in (plain, wanted):
+        node["hydra"]["job"].pop("name")  # the job's name: "app" under initialize, unset outside
+    assert plain == wanted
+    assert got.hydra.runtime.version_base == "1.3"
+    assert "hydra" not in compose_or_none("config", overrides)
+    assert compose_or_none("config", ["experiment=no_such/preset"]) is None
