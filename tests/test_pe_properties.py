@@ -172,3 +172,22 @@ def test_every_encoding_compiles_to_one_graph(name: str) -> None:
     logits.square().mean().backward()
     eager = tiny_model(name).train()
     torch.testing.assert_close(logits, eager(ids).logits)
+
+
+def test_a_padded_cache_refuses_a_later_call_without_its_mask():
+    """Positions of a call without attention_mask would count padding as tokens: refused, and
+    the cache keeps working once the mask is passed."""
+    model = tiny_model("tape", dtype=torch.float64)
+    batch = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
+    mask = (batch != 0).long()
+    out = model(batch, attention_mask=mask, use_cache=True)
+    cache, nxt = out.past_key_values, torch.tensor([[11], [12]])
+    with pytest.raises(ValueError, match="attention_mask of shape \\(batch, cached \\+ new tokens\\) = \\(2, 5\\)"):
+        model(nxt, past_key_values=cache)
+    assert cache.length == 4  # nothing appended by the refused call
+    step = model(nxt, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1),
+                 past_key_values=cache).logits[:, -1]
+    full = model(torch.cat([batch, nxt], 1), attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1))
+    assert torch.allclose(step, full.logits[:, -1], atol=1e-10, rtol=0)
+    unpadded = model(batch[1:], use_cache=True).past_key_values
+    model(nxt[1:], past_key_values=unpadded)  # a cache without padding needs no mask

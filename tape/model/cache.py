@@ -31,6 +31,7 @@ class KVCache:
     layers: list[LayerCache | None] = field(default_factory=list)
     key_pos: Tensor | None = None  # (B, T) int64
     key_valid: Tensor | None = None  # (B, T) bool, False for padding
+    padded: bool = False  # some key is padding: later calls must pass attention_mask
     digit_run: Tensor | None = None  # (B,) Abacus: digits that end the cached tokens (abacus.py)
     pe_rows: list[Tensor | None] = field(default_factory=list)
     """Per layer, what a PE keeps per key for its bias, keys on the last axis (FoX: its (B, H, T)

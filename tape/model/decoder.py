@@ -174,6 +174,15 @@ def prepare_positions(
         else:
             position_ids = torch.arange(past, past + n, device=device).expand(b, n)
     position_ids = position_ids.to(device=device, dtype=torch.long)
+    if position_ids.shape[-1] != n or position_ids.dim() > 2 or (
+            position_ids.dim() == 2 and position_ids.shape[0] not in (1, b)):
+        raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}; expected (batch, new "
+                         f"tokens) = ({b}, {n}), or (1, {n}) for the same positions in every row")
+    position_ids = position_ids.expand(b, n)  # (1, N) as Hugging Face models accept it
+    if attention_mask is None and cache is not None and cache.padded:
+        raise ValueError("this cache holds padding (an earlier call's attention_mask marked some), so "
+                         "every later call needs attention_mask of shape (batch, cached + new tokens) = "
+                         f"({b}, {past + n}), as tape.model.generate.greedy_generate passes it")
     new_valid = valid_all[:, past:] if valid_all is not None else torch.ones(
         b, n, dtype=torch.bool, device=device
     )
@@ -182,6 +191,8 @@ def prepare_positions(
     else:
         key_pos, key_valid = position_ids, new_valid
     padded = valid_all is not None and not bool(valid_all.all())
+    if cache is not None and padded:
+        cache.padded = True
     mask = causal_mask(n, key_valid, past + n, device) if padded else None  # None: causal (attend)
     return position_ids, key_pos, mask
 
