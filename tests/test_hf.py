@@ -231,6 +231,35 @@ def test_recipes_interpolate_positions_by_target_over_original(recipe, theta):
     assert torch.allclose(inv, expected)
 
 
+def test_recipes_compose_with_a_linear_base_and_refuse_other_scalings():
+    """A base already interpolating linearly extends by the product of the factors; a llama3 or
+    yarn base would lose its own scaling to the recipe's linear one, so it is refused."""
+    model = apply_recipe(tiny_llama(rope={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}),
+                         "lora", target_context=64)  # max_position_embeddings 32 -> factor 2, times 2
+    assert model.config.rope_parameters["factor"] == 4.0
+    inv = model.base_model.model.model.rotary_emb.inv_freq
+    assert torch.allclose(inv, 1.0 / (500.0 ** (torch.arange(0, 16, 2).float() / 16)) / 4.0)
+    llama3 = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+    with pytest.raises(ValueError, match="rope_type='llama3'"):
+        apply_recipe(tiny_llama(rope=llama3), "tape", target_context=64)
+    kept = apply_recipe(tiny_llama(rope=llama3), "lora", target_context=32)  # no interpolation
+    assert kept.config.rope_parameters["rope_type"] == "llama3"
+
+
+def test_position_ids_of_one_row_serve_every_row_of_the_batch():
+    """HF Llama accepts position_ids (1, N) for a batch; so does a TAPE Llama (E once per row)."""
+    model = add_tape(tiny_llama(kv=2))
+    _randomize_tape(model)
+    ids = torch.randint(0, 50, (3, 12))
+    with torch.no_grad():
+        shared = model(ids, position_ids=torch.arange(5, 17)[None]).logits
+        full = model(ids, position_ids=torch.arange(5, 17).expand(3, 12)).logits
+    assert torch.equal(shared, full)
+    with pytest.raises(ValueError, match=r"position_ids has shape \(2, 12\)"):
+        model(ids, position_ids=torch.arange(12).expand(2, 12))
+
+
 def test_unknown_recipe_lists_the_choices():
     with pytest.raises(ValueError, match="longlora"):
         apply_recipe(tiny_llama(), "yarn", target_context=64)

@@ -22,14 +22,23 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 def set_position_interpolation(model: nn.Module, factor: float, theta: float | None = None) -> None:
     """Linear position interpolation (positions / factor) and optionally a new rope_theta,
-    rebuilding the model's rotary table."""
+    rebuilding the model's rotary table. A base that interpolates linearly already composes
+    (factors multiply); another scaling (llama3, yarn, dynamic) is refused, not replaced."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     config = model.config
     params = dict(config.rope_parameters)
     params["rope_theta"] = float(theta if theta is not None else params["rope_theta"])
+    rope_type = params.get("rope_type", "default")
     if factor != 1.0:
-        params.update(rope_type="linear", factor=float(factor))
+        if rope_type not in ("default", "linear"):
+            raise ValueError(
+                f"the base model scales RoPE with rope_type={rope_type!r}; the context-extension "
+                f"recipes interpolate positions linearly (tape-spec B.3) and would replace that "
+                f"scaling: use a base with rope_type 'default' or 'linear' (Llama 2), or a "
+                f"target context within the base's, which needs no interpolation")
+        base_factor = float(params.get("factor", 1.0)) if rope_type == "linear" else 1.0
+        params.update(rope_type="linear", factor=base_factor * float(factor))
     config.rope_parameters = params
     base = model.model
     device = base.embed_tokens.weight.device
