@@ -160,7 +160,7 @@ def _extension_step(cfg: DictConfig, recipe_name: str, device: str, layers: int,
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(input_ids=ids).logits
+            logits = model(input_ids=ids, use_cache=False).logits
         split_losses(logits, ids, None)["text"].backward()
         optimizer.step()
 

@@ -109,6 +109,21 @@ def test_bf16_mixed_five_steps_at_lr_2e5_change_every_trainable_tensor(tmp_path,
         assert kinds["lora_A"] and kinds["lora_B"]
 
 
+@pytest.mark.parametrize("recipe", ["lora", "tape"])
+def test_training_forward_keeps_no_kv_cache(base_dir, recipe):
+    """A Llama's forward keeps a KV cache by default (4 GB at 7B and 8k tokens in fp16); the
+    training forward asks for none."""
+    module = HFCausalLMModule(build(base_dir, recipe, torch.float32))
+    calls = []
+    layer_model = module.model.get_base_model() if hasattr(module.model, "get_base_model") else module.model
+    hook = layer_model.model.register_forward_hook(lambda m, args, kwargs, out: calls.append(out), with_kwargs=True)
+    try:
+        module(torch.randint(0, 50, (2, 16)))
+    finally:
+        hook.remove()
+    assert len(calls) == 1 and calls[0].past_key_values is None
+
+
 def test_low_precision_trainable_weights_are_refused(base_dir):
     model = build(base_dir, "lora", torch.float32)
     next(p for p in model.parameters() if p.requires_grad).data = torch.zeros(1, dtype=torch.bfloat16)

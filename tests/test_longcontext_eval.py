@@ -51,7 +51,8 @@ class _Recorder(torch.nn.Module):
         self.vocab, self.seen = vocab, []
         self.dummy = torch.nn.Parameter(torch.zeros(()))
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, use_cache=True):
+        assert use_cache is False  # a Hugging Face model would keep every window's KV cache
         self.seen.append(input_ids.clone())
         return type("Out", (), {"logits": torch.zeros(*input_ids.shape, self.vocab)})()
 

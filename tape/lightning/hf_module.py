@@ -52,7 +52,7 @@ class HFCausalLMModule(L.LightningModule):
         self.start_step = self.trainer.global_step
 
     def forward(self, input_ids: Tensor) -> Tensor:
-        return self.model(input_ids=input_ids).logits  # (B, N, V)
+        return self.model(input_ids=input_ids, use_cache=False).logits  # (B, N, V); HF would keep a KV cache
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         logits = self(batch["input_ids"])  # (B, N, V)

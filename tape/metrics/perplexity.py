@@ -69,7 +69,7 @@ def sliding_window_perplexity(
     try:
         for i in range(0, len(starts), batch_size):
             ids = torch.stack([data[s : s + seq_len] for s in starts[i : i + batch_size]]).to(device)
-            logits = model(input_ids=ids).logits.float()  # (b, L, V)
+            logits = model(input_ids=ids, use_cache=False).logits.float()  # (b, L, V); no KV cache kept
             nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
                                   reduction="sum")
             total_nll += float(nll)
