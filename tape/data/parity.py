@@ -3,7 +3,8 @@ array"): read n bits, then write the running parity p_i = b_1 xor ... xor b_i on
 time, then the answer p_n. Three scratchpad formats (``FORMATS``) separate how step i finds b_i:
 
 * ``standard``: ``<bos> b_1 .. b_n > p_1 .. p_n = p_n``. Step i must fetch b_i by its index
-  (n + 2 tokens back): position-based addressing, whose offset grows with n.
+  (n tokens before the position that predicts p_i): position-based addressing, whose offset
+  grows with n.
 * ``interleaved``: ``<bos> b_1 .. b_n > b_1 p_1 .. b_n p_n = p_n``. b_i is repeated (given)
   right before p_i: no lookup at all, a control.
 * ``mnemonics``: ``<bos> m_1 b_1 .. m_n b_n > m_1 p_1 .. m_n p_n = p_n``, with m_i distinct
@@ -12,7 +13,8 @@ time, then the answer p_n. Three scratchpad formats (``FORMATS``) separate how s
 
 The repeated bits and anchors have role COPY (given, unscored unless ``score_copies``); the p_i
 are STEP, the final p_n is ANSWER (tape/data/synthetic.py). Bits are drawn before anything
-else, so one seeded generator gives the same bit strings in every format.
+else, so ``generate`` (and ``eval_set``) draws the same bit strings in every format from one
+seeded generator; training batches make no such promise.
 All randomness comes from NumPy generators seeded by explicit integers.
 """
 
