@@ -289,10 +289,28 @@ def _s2_reference(q, k, v, n_groups):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-@pytest.mark.parametrize("n_groups", [2, 4])
-def test_s2attn_matches_written_out_masks(n_groups):
-    q, k, v = (torch.randn(2, 4, 16, 8, dtype=torch.float64) for _ in range(3))
-    assert torch.allclose(shifted_sparse_attention(q, k, v, n_groups), _s2_reference(q, k, v, n_groups), atol=1e-12)
+@pytest.mark.parametrize("n_groups, heads", [(2, 4), (4, 4), (4, 5), (8, 3)])
+def test_s2attn_matches_written_out_masks(n_groups, heads, monkeypatch):
+    """Values and gradients of the written-out masks, for HF's token-major q, k, v; every SDPA
+    call takes 4-D inputs without a mask (what CUDA's flash kernels need)."""
+    q, k, v = (torch.randn(2, 16, heads, 8, dtype=torch.float64).transpose(1, 2).requires_grad_()
+               for _ in range(3))
+    sdpa, calls = F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        calls.append((args[0].dim(), kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    out = shifted_sparse_attention(q, k, v, n_groups)
+    monkeypatch.undo()
+    assert calls and all(c == (4, None, True) for c in calls)
+    expected = _s2_reference(q, k, v, n_groups)
+    assert torch.allclose(out, expected, atol=1e-12)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(expected, (q, k, v), grad)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(got, want))
 
 
 def test_s2attn_with_one_group_is_full_causal_attention():

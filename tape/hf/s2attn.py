@@ -19,15 +19,13 @@ S2_ATTN_NAME = "s2attn"
 DEFAULT_GROUPS = 4
 
 
-def _grouped_causal(q: Tensor, k: Tensor, v: Tensor, n_groups: int, mask: Tensor | None, scale: float) -> Tensor:
-    """Causal attention within consecutive groups. q, k, v: (B, h, N, d) -> (B, h, N, d)."""
+def _causal_in_groups(q: Tensor, k: Tensor, v: Tensor, size: int, scale: float) -> Tensor:
+    """Causal attention within consecutive groups of ``size`` tokens, groups folded into the head
+    axis so that SDPA sees 4-D inputs and no mask (its flash kernels take neither 5-D inputs nor
+    masks). q, k, v: (B, h, n, d), n a multiple of size -> (B, h, n, d)."""
     b, h, n, d = q.shape
-    g = n // n_groups
-    split = lambda t: t.reshape(b, h, n_groups, g, d)  # noqa: E731
-    if mask is None:
-        out = F.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=True, scale=scale)
-    else:
-        out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask, scale=scale)
+    fold = lambda t: t.reshape(b, h * (n // size), size, d)  # noqa: E731 - (B, h·G, size, d)
+    out = F.scaled_dot_product_attention(fold(q), fold(k), fold(v), is_causal=True, scale=scale)
     return out.reshape(b, h, n, d)
 
 
@@ -44,17 +42,16 @@ def shifted_sparse_attention(q: Tensor, k: Tensor, v: Tensor, n_groups: int = DE
             "size; pad or pack training sequences to a multiple of 2 * n_groups"
         )
     g, half = n // n_groups, n // n_groups // 2
-    plain = _grouped_causal(q[:, : h // 2], k[:, : h // 2], v[:, : h // 2], n_groups, None, scale)
-    # Shifted heads: roll by half a group, so group j holds tokens [j*g + g/2, (j+1)*g + g/2).
-    # The last rolled group holds the tail [N - g/2, N) followed by the head [0, g/2): the
-    # mask keeps them apart (each causal on its own), so no token attends to a later one.
-    roll = lambda t: t[:, h // 2 :].roll(-half, dims=2)  # noqa: E731
-    causal = torch.ones(g, g, dtype=torch.bool, device=q.device).tril()
-    last = causal.clone()
-    last[half:, :half] = False  # the wrapped head must not see the tail
-    mask = torch.stack([causal] * (n_groups - 1) + [last])  # (G, g, g)
-    shifted = _grouped_causal(roll(q), roll(k), roll(v), n_groups, mask, scale).roll(half, dims=2)
-    return torch.cat([plain, shifted], dim=1)
+    plain = _causal_in_groups(q[:, : h // 2], k[:, : h // 2], v[:, : h // 2], g, scale)
+    # Shifted heads: groups shifted by half a group, [j*g + g/2, (j+1)*g + g/2) for the G - 1
+    # inner ones; LongLoRA's wrapped last group (the tail [N - g/2, N), then the head [0, g/2))
+    # is kept as two groups, each causal on its own, so no token attends to a later one.
+    q2, k2, v2 = q[:, h // 2 :], k[:, h // 2 :], v[:, h // 2 :]
+    part = lambda lo, hi: (q2[:, :, lo:hi], k2[:, :, lo:hi], v2[:, :, lo:hi])  # noqa: E731
+    inner = _causal_in_groups(*part(half, n - half), g, scale)
+    head = F.scaled_dot_product_attention(*part(0, half), is_causal=True, scale=scale)
+    tail = F.scaled_dot_product_attention(*part(n - half, n), is_causal=True, scale=scale)
+    return torch.cat([plain, torch.cat([head, inner, tail], dim=2)], dim=1)
 
 
 def s2attn_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
