@@ -521,3 +521,17 @@ def test_gpu_trainer_without_a_gpu_fails_before_the_run_dir_is_claimed(tmp_path,
     with pytest.raises(PipelineConfigError, match="trainer.accelerator=gpu .* no usable CUDA GPU"):
         train(cfg)
     assert not Path(cfg.paths.output_dir).exists() and not (tmp_path / "models").exists()
+
+
+def test_base_check_reads_the_longest_passkey_length_within_the_context():
+    """Filler-character lengths (the paper preset's) give measured token counts that never equal
+    the context: the check takes the longest that fits, and flags a base that fails there."""
+    from omegaconf import OmegaConf
+
+    from pipelines.tasks.context_extension import _base_check
+
+    cfg = OmegaConf.create({"model": {"context": 4096}, "eval": {"min_base_passkey": 0.95}})
+    rows = [{"target_tokens": t, "accuracy": a} for t, a in ((3930, 0.9), (823, 1.0), (4750, 0.1))]
+    assert _base_check(cfg, rows) == {"base_passkey_at_context": 0.9, "base_passkey_tokens": 3930,
+                                      "base_retrieves": False}
+    assert _base_check(cfg, rows[2:]) == {}

@@ -196,16 +196,20 @@ def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: 
 
 
 def _base_check(cfg: DictConfig, key_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Whether the base retrieves at its own context (else the extension measures little)."""
-    at_c = [r["accuracy"] for r in key_rows if r["target_tokens"] == cfg.model.context]
-    if not at_c:
+    """Whether the base retrieves at its own context (else the extension measures little): the
+    longest passkey length whose prompts fit that context (filler-character lengths, the paper
+    preset's, never hit it exactly); none when no length fits."""
+    within = [r for r in key_rows if r["target_tokens"] <= cfg.model.context]
+    if not within:
         return {}
-    ok = at_c[0] >= cfg.eval.min_base_passkey
+    row = max(within, key=lambda r: r["target_tokens"])
+    ok = row["accuracy"] >= cfg.eval.min_base_passkey
     if not ok:
-        log.warning("the base model retrieves %.0f%% of passkeys at its context %d (< %.0f%%): the "
-                    "extension results measure little", 100 * at_c[0], cfg.model.context,
-                    100 * cfg.eval.min_base_passkey)
-    return {"base_passkey_at_context": at_c[0], "base_retrieves": ok}
+        log.warning("the base model retrieves %.0f%% of passkeys at %d tokens, within its context %d "
+                    "(< %.0f%%): the extension results measure little", 100 * row["accuracy"],
+                    row["target_tokens"], cfg.model.context, 100 * cfg.eval.min_base_passkey)
+    return {"base_passkey_at_context": row["accuracy"], "base_passkey_tokens": row["target_tokens"],
+            "base_retrieves": ok}
 
 
 @register("context_extension")
