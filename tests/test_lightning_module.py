@@ -36,9 +36,11 @@ def test_loss_and_metrics_equal_the_masked_selection() -> None:
     logits, targets, mask = m._scored(b)
     assert logits.shape == (6, 11, V) and mask.sum() == 5 * 5
     picked_logits, picked_targets = logits[mask], targets[mask]  # what the step used to compute
-    torch.testing.assert_close(m._loss(logits, targets), F.cross_entropy(picked_logits.float(), picked_targets))
     logged: dict[str, torch.Tensor] = {}
     m.log = lambda name, value, **_: logged.__setitem__(name, value)  # type: ignore[method-assign]
+    expected = F.cross_entropy(picked_logits.float(), picked_targets)
+    torch.testing.assert_close(m.training_step(b, 0), expected)  # a batch outside a Trainer: its own step
+    torch.testing.assert_close(logged.pop("train/loss"), expected)
     m.on_validation_epoch_start()
     m.validation_step(b, 0)
     right = picked_logits.argmax(-1) == picked_targets
@@ -155,11 +157,11 @@ def test_the_loss_asks_nothing_that_would_wait_for_the_gpu() -> None:
                 self.found.append(name)
             return func(*args, **(kwargs or {}))
 
-    logits = torch.randn(2, 5, 7, requires_grad=True)
-    targets = torch.randint(0, 7, (2, 5))
-    targets[0, :2] = IGNORE_INDEX
+    m = module().train()
+    m.log = lambda *a, **k: None  # type: ignore[method-assign]
+    b = m.on_before_batch_transfer(batch(), 0)
     with Syncs() as syncs:
-        CausalLMModule._loss(logits, targets).backward()
+        m.training_step(b, 0).backward()
     assert syncs.found == []
 
 
@@ -171,3 +173,50 @@ def test_training_batches_are_pinned_on_a_gpu_machine(monkeypatch: pytest.Monkey
     assert not loader(stream).pin_memory  # no GPU here
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert loader(stream).pin_memory
+
+
+def test_accumulated_batches_train_as_one_large_batch() -> None:
+    """Two accumulated halves scoring 10 and 15 targets give the gradient and the logged
+    train/loss of the whole batch (a mean of the halves' means would weigh the 10 like the 15)."""
+    import lightning as L
+    from torch.utils.data import IterableDataset
+
+    from tape.lightning.datamodule import loader
+
+    class Batches(IterableDataset):
+        def __init__(self, batches: list[dict[str, torch.Tensor]]) -> None:
+            super().__init__()
+            self.batches = batches
+
+        def __iter__(self):  # noqa: ANN204
+            yield from self.batches
+
+    class Data(L.LightningDataModule):
+        def __init__(self, batches: list[dict[str, torch.Tensor]]) -> None:
+            super().__init__()
+            self.batches = batches
+
+        def train_dataloader(self) -> torch.utils.data.DataLoader:
+            return loader(Batches(self.batches), self.trainer)
+
+    class Grads(L.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:  # noqa: ANN001
+            self.grads = [p.grad.clone() for p in pl_module.parameters()]
+
+    whole = batch(0)
+    halves = [{k: v[rows] if v.dim() else torch.tensor(i) for k, v in whole.items()}
+              for i, rows in enumerate((slice(0, 3), slice(3, 6)))]
+    assert [int((h["labels"][:, 1:] != IGNORE_INDEX).sum()) for h in halves] == [10, 15]
+    results = []
+    for batches, accumulate in (([whole], 1), (halves, 2)):
+        torch.manual_seed(0)
+        m, grads = module(), Grads()
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=1, accumulate_grad_batches=accumulate,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, limit_val_batches=0, callbacks=[grads])
+        trainer.fit(m, datamodule=Data(batches))
+        results.append((grads.grads, float(trainer.callback_metrics["train/loss"])))
+    (big, big_loss), (accumulated, accumulated_loss) = results
+    assert accumulated_loss == pytest.approx(big_loss, rel=1e-6)
+    for a, b in zip(accumulated, big):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

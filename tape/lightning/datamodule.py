@@ -3,6 +3,7 @@ pre-tokenised rows (fine-tuning). Training streams are seeded per batch index (e
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Iterator, Mapping, Sequence
 
 import lightning as L
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
+from tape.data.labels import IGNORE_INDEX
 from tape.data.addition import VAL_STREAM, VOCAB_SIZE, AdditionStream, bucket_examples, collate
 from tape.data.scrolls import collate as scrolls_collate
 from tape.data.text import spread_blocks
@@ -25,10 +27,37 @@ def stream_position(trainer: L.Trainer | None) -> tuple[int, int, int]:
     return trainer.global_step * trainer.accumulate_grad_batches, trainer.global_rank, trainer.world_size
 
 
-def loader(stream: IterableDataset) -> DataLoader:
-    """Streams yield whole batches, made in the main process (a seeded stream resumes exactly);
-    pinned on a GPU machine so the copy to the device does not block."""
-    return DataLoader(stream, batch_size=None, num_workers=0, pin_memory=torch.cuda.is_available())
+def loader(stream: IterableDataset, trainer: L.Trainer | None = None) -> DataLoader:
+    """A training stream's loader: whole batches, made in the main process (a seeded stream
+    resumes exactly), grouped into the trainer's optimizer steps (``StepWindows``); pinned on a
+    GPU machine so the copy to the device does not block."""
+    accumulate = trainer.accumulate_grad_batches if trainer is not None else 1
+    return DataLoader(StepWindows(stream, accumulate), batch_size=None, num_workers=0,
+                      pin_memory=torch.cuda.is_available())
+
+
+def scored_targets(labels: Tensor) -> int:
+    """Targets a batch's next-token loss scores: labels (B, N), position t predicting t + 1."""
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+class StepWindows(IterableDataset):
+    """A training stream's batches read ``accumulate`` at a time (one optimizer step's; streams
+    start at a step's first batch), each carrying ``step_scored``, the scored targets of its
+    whole step on this rank (a 0-dim tensor: it reaches the device with the batch), and
+    ``step_first`` / ``step_last``. The loss divides by the step's count, so accumulated batches
+    weigh as one large batch (tape/lightning/module.py)."""
+
+    def __init__(self, stream: IterableDataset, accumulate: int = 1) -> None:
+        super().__init__()
+        self.stream, self.accumulate = stream, accumulate
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        batches = iter(self.stream)
+        while window := list(itertools.islice(batches, self.accumulate)):
+            scored = torch.tensor(sum(scored_targets(b["labels"]) for b in window))
+            for i, batch in enumerate(window):
+                yield {**batch, "step_scored": scored, "step_first": i == 0, "step_last": i == len(window) - 1}
 
 
 class AdditionDataModule(L.LightningDataModule):
@@ -49,7 +78,7 @@ class AdditionDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         start, rank, _ = stream_position(self.trainer)
         stream = AdditionStream(self.seed, self.max_digits, self.batch_size, rank=rank, start=start)
-        return loader(stream)
+        return loader(stream, self.trainer)
 
     def val_dataloader(self) -> DataLoader:
         examples = bucket_examples(self.seed, self.val_examples, self.max_digits, stream=VAL_STREAM)
@@ -70,7 +99,7 @@ class TextDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         start, rank, world = stream_position(self.trainer)
-        return loader(self.make_stream(rank, world, start))
+        return loader(self.make_stream(rank, world, start), self.trainer)
 
     def val_dataloader(self) -> DataLoader:
         blocks = spread_blocks(self.val_tokens, self.seq_len, self.val_blocks)  # (M, L)
@@ -119,7 +148,7 @@ class FineTuneDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         start, rank, _ = stream_position(self.trainer)
         stream = RowSampleStream(self.train_rows, self.batch_size, self.seed, rank=rank, start=start)
-        return loader(stream)
+        return loader(stream, self.trainer)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_rows, batch_size=self.batch_size, shuffle=False,
@@ -152,4 +181,4 @@ class IndexedBatchDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         start, rank, world = stream_position(self.trainer)
-        return loader(IndexedBatchStream(self.batch_fn, rank, world, start))
+        return loader(IndexedBatchStream(self.batch_fn, rank, world, start), self.trainer)

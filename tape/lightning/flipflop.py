@@ -26,7 +26,7 @@ class FlipFlopDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         start, rank, _ = stream_position(self.trainer)
         return loader(FlipFlopStream(self.seed, self.seq_len, self.batch_size, self.p_ignore,
-                                     self.loss_on, rank=rank, start=start))
+                                     self.loss_on, rank=rank, start=start), self.trainer)
 
     def val_dataloader(self) -> DataLoader:
         rng = np.random.default_rng([self.seed, VAL_STREAM])

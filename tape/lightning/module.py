@@ -70,11 +70,6 @@ class CausalLMModule(L.LightningModule):
         targets = batch["labels"][:, 1:]  # (B, N-1)
         return logits, targets, targets != IGNORE_INDEX
 
-    @staticmethod
-    def _loss(logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy over the scored positions (IGNORE_INDEX elsewhere)."""
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
-
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """The batch index stays a host int (reading it back from the GPU would sync)."""
         if isinstance(batch, dict) and isinstance(batch.get("batch_index"), Tensor):
@@ -82,11 +77,37 @@ class CausalLMModule(L.LightningModule):
         return batch
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        """The optimizer step's loss is its mean NLL over every scored target of its accumulated
+        batches and of every rank, as one large batch would have it (batches score different
+        counts): this batch returns its NLL sum over the step's count (``step_scored``, from
+        ``tape.lightning.datamodule.StepWindows``), times what Lightning divides by (the
+        accumulated batches) and DDP/FSDP average over (the ranks). train/loss is logged once
+        per step, the step's mean. A batch without ``step_scored`` counts as a step of its own."""
         self._reseed(int(batch["batch_index"]))
-        logits, targets, _ = self._scored(batch)
-        loss = self._loss(logits, targets)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
-        return loss
+        logits, targets, mask = self._scored(batch)
+        nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
+                              reduction="sum")
+        local = batch.get("step_scored", mask.sum())  # scored targets of the step on this rank
+        first, last = batch.get("step_first", True), batch.get("step_last", True)
+        accumulate, ranks = self._step_scale()
+        share = nll / self._all_ranks(local).clamp(min=1)  # this batch's part of the step's mean
+        self._step_loss = share.detach() if first else self._step_loss + share.detach()
+        if last:
+            self.log("train/loss", self._all_ranks(self._step_loss), prog_bar=True,
+                     batch_size=batch["input_ids"].shape[0])
+        return share * (accumulate * ranks)
+
+    def _step_scale(self) -> tuple[int, int]:
+        """(batches accumulated per optimizer step, ranks); (1, 1) outside a Trainer."""
+        trainer = getattr(self, "_trainer", None)
+        return (1, 1) if trainer is None else (trainer.accumulate_grad_batches, trainer.world_size)
+
+    def _all_ranks(self, value: Tensor) -> Tensor:
+        """The sum of a per-rank value over the ranks (no host sync: a collective on the device)."""
+        value = value.to(torch.float32)
+        if self._step_scale()[1] == 1:
+            return value
+        return self.trainer.strategy.reduce(value, reduce_op="sum")
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits, targets, mask = self._scored(batch)

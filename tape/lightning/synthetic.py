@@ -30,7 +30,7 @@ class SyntheticDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         start, rank, _ = stream_position(self.trainer)
         return loader(SeededBatches(lambda rng: self.make(rng, self.batch_size), self.seed,
-                                    rank=rank, start=start))
+                                    rank=rank, start=start), self.trainer)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(as_rows(self.val_batch()), batch_size=self.batch_size, shuffle=False)

@@ -26,7 +26,7 @@ class WordProblemDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         start, rank, _ = stream_position(self.trainer)
         return loader(WordProblemStream(self.seed, self.group.name, self.seq_len, self.batch_size,
-                                        self.bos, rank=rank, start=start))
+                                        self.bos, rank=rank, start=start), self.trainer)
 
     def val_dataloader(self) -> DataLoader:
         tokens, targets = val_set(self.seed, self.group, self.seq_len, self.val_sequences)
