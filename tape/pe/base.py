@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +45,18 @@ class PositionState:
 
 class LayerPE(nn.Module):
     """Per-layer part of a PE. The default is a no-op at every hook (NoPE)."""
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> "LayerPE":
+        """Casts of the model (``.to(torch.bfloat16)``, ``.half()``) move the PE's own float
+        buffers (ALiBi's slopes) but keep their precision: positions and what scales them stay
+        float32 or better."""
+        kept = {name: buf for name, buf in self.named_buffers(recurse=False) if buf.is_floating_point()}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = getattr(self, name)
+            if torch.finfo(after.dtype).bits < torch.finfo(before.dtype).bits:
+                setattr(self, name, before.to(after.device))
+        return self
 
     def before_attention(
         self, state: PositionState, x: Tensor, cache: "KVCache | None", layer_idx: int
