@@ -374,6 +374,7 @@ def test_cuda_auto_takes_sdpa_where_a_gpu_measured_it_fastest(monkeypatch, flash
     assert _plan(fuse=True) == Plan("triton", "single")
     monkeypatch.setattr(attention, "CUDA_TAPE_PATH", "concat")
     assert _plan() == Plan("sdpa", "concat") and _plan(fuse="padded") == Plan("sdpa", "padded")
+    assert _plan(hkv=2) == Plan("flash" if flash else "sdpa", "two_calls")  # GQA: SDPA wants V as wide as q/k
     _fake(monkeypatch, device="cpu", flash=flash, triton=True)
     assert _plan() == Plan("sdpa", "concat")  # the CPU keeps its own rule (6 keys: one call)
 

@@ -251,7 +251,7 @@ def plan_attention(
     if backend == "flash":
         return Plan("flash", "two_calls")
     if backend == "auto" and mode == "auto" and cuda and CUDA_TAPE_PATH in ("two_calls", "concat"):
-        if CUDA_TAPE_PATH == "concat":
+        if CUDA_TAPE_PATH == "concat" and q.shape[1] == k.shape[1]:  # GQA: V as wide as q/k
             return Plan("sdpa", "concat")
         return Plan("flash" if flash_ok else "sdpa", "two_calls")
     if backend == "auto" and mode in ("one", "auto") and cuda:
