@@ -69,6 +69,9 @@ def check_trainer(cfg: DictConfig) -> None:
         evaluation_precision(cfg)
     require_int(cfg, "seed", "trainer.max_steps", "trainer.val_check_interval",
                 "trainer.accumulate_grad_batches")
+    if not 0 <= int(cfg.seed) < 2**32:
+        raise PipelineConfigError(f"seed={cfg.seed} must be in [0, 2**32) (NumPy's seed range); pick a "
+                                  "non-negative seed")
     t = cfg.trainer
     steps, every, accum = int(t.max_steps), int(t.val_check_interval), int(t.accumulate_grad_batches)
     if steps < 1 or every < 1 or accum < 1:

@@ -449,6 +449,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
     args = parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs {args.jobs}: give at least 1 (runs at once)")
+    if bad := [s for s in args.seeds if not 0 <= s < 2**32]:
+        raise SystemExit(f"--seeds {' '.join(map(str, bad))}: seeds are in [0, 2**32) (NumPy's seed range)")
     try:
         profile = load_profile(args.profile)
         steps = with_runs_dir(only_steps(plan(args.profile, args.seeds, args.runs, args.scrolls_data,

@@ -240,6 +240,9 @@ def test_a_sweep_with_one_bad_value_is_refused_before_any_job_starts(tmp_path: P
     assert message.startswith("4 of the sweep's 6 jobs would fail their checks, so none was started")
     assert "seed=0 task.seq_len=12, seed=2 task.seq_len=12: task.max_digits=3 needs 13-token" in message
     assert "seed=x task.seq_len=16, seed=x task.seq_len=12: seed='x' must be an integer" in message
+    with pytest.raises(PipelineConfigError, match=r"seed=-1: seed=-1 must be in \[0, 2\*\*32\)"):
+        preflight("config", ["-m", "experiment=addition/smoke", "seed=0,-1", f"paths.runs_dir={tmp_path}"],
+                  check_settings)  # NumPy refuses negative seeds: job 1 crashed after job 0 trained
     preflight("config", ["-m", "experiment=addition/smoke", "seed=0,1", f"paths.runs_dir={tmp_path}"],
               check_settings)  # a good sweep passes
     preflight("config", ["experiment=addition/smoke", "seed=x", f"paths.runs_dir={tmp_path}"],

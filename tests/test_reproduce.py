@@ -247,9 +247,11 @@ def test_jobs_run_single_runs_side_by_side_then_the_benchmark_alone(tmp_path: Pa
         f"task.pretrained_run=last task.data_dir={data}"]
 
 
-def test_jobs_must_be_positive(tmp_path: Path) -> None:
+def test_jobs_must_be_positive_and_seeds_in_numpys_range(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--jobs 0"):
         reproduce.main(["--jobs", "0", "--runs", str(tmp_path), "--dry-run"])
+    with pytest.raises(SystemExit, match=r"--seeds -1: seeds are in \[0, 2\*\*32\)"):
+        reproduce.main(["--profile", "tables", "--seeds", "0", "-1", "--runs", str(tmp_path), "--dry-run"])
 
 
 def test_run_command_sets_threads_and_never_overwrites_a_log(tmp_path: Path) -> None:
