@@ -12,7 +12,6 @@ import json
 import os
 import shlex
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tape.bench import BenchSettings, OpSettings, TrainSettings, run_benchmark
 from tape.bench.run import ALL_PES
+from pipelines.result_files import keep_earlier
 from tape.vcs import git_state
 from tape.bench.render import default_notes, render_markdown
 
@@ -63,11 +63,7 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     there is kept, renamed efficiency-<its time>.{json,md}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js = out_dir / "efficiency.md", out_dir / "efficiency.json"
-    if js.is_file():
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(js.stat().st_mtime))
-        for old in (js, md):
-            if old.is_file():
-                old.rename(old.with_name(f"{old.stem}-{stamp}{old.suffix}"))
+    keep_earlier([js, md])
     js.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
     md.write_text(render_markdown(result, default_notes(result)))
     return md, js

@@ -22,6 +22,7 @@ the steps before the one it runs ``after`` (SCROLLS fine-tunes the pretraining r
 from __future__ import annotations
 
 import argparse
+import filecmp
 import os
 import shlex
 import shutil
@@ -37,6 +38,7 @@ from typing import Callable, Sequence
 
 from pipelines.plan import Step, bench_dir, load_profile, plan, profiles
 from pipelines.presets import is_preset_run, preset_setting
+from pipelines.result_files import keep_earlier
 from tape.report.claims import lookup
 from tape.report.render import WouldLoseResults, render
 from tape.report.records import RecordConflict, export_all, finished_runs
@@ -60,13 +62,18 @@ class Outcome:
 
 # ---------------------------------------------------------------------------- the runs
 def publish_benchmark(runs_dir: Path, profile: str, out_dir: Path) -> bool:
-    """Copy the profile's benchmark output into ``out_dir`` (the report links it); False when
-    the benchmark has not run."""
+    """Copy the profile's benchmark output into ``out_dir`` (the report links it), keeping an
+    earlier, different pair there under its time (``keep_earlier``); False when the benchmark
+    has not run."""
     src = bench_dir(runs_dir, profile)
     if not (src / "efficiency.json").is_file():
         return False
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("efficiency.md", "efficiency.json"):
+    names = ("efficiency.md", "efficiency.json")
+    if all((out_dir / n).is_file() and filecmp.cmp(src / n, out_dir / n, shallow=False) for n in names):
+        return True  # published already
+    keep_earlier([out_dir / "efficiency.json", out_dir / "efficiency.md"])
+    for name in names:
         shutil.copy2(src / name, out_dir / name)
     return True
 

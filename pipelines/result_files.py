@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,6 +24,17 @@ def write_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str], path: Path)
         writer = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+
+
+def keep_earlier(paths: Sequence[Path]) -> None:
+    """Rename files about to be replaced to ``<stem>-<time of the first>.<suffix>``, so that a
+    new result (the benchmark's efficiency.{json,md} pair) never overwrites an earlier one."""
+    present = [p for p in paths if p.is_file()]
+    if not present:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(present[0].stat().st_mtime))
+    for old in present:
+        old.rename(old.with_name(f"{old.stem}-{stamp}{old.suffix}"))
 
 
 def _number(text: str) -> Any:

@@ -211,6 +211,25 @@ def test_a_checkouts_committed_benchmark_does_not_count_as_run_here(tmp_path: Pa
     assert not reproduce.publish_benchmark(tmp_path / "runs", "cpu", out)
 
 
+def test_publishing_a_new_benchmark_keeps_the_one_it_replaces(tmp_path: Path) -> None:
+    """results/ holds the committed benchmark: a new one is copied in beside it, the old pair
+    renamed with its time; publishing the same pair again changes nothing."""
+    runs, out = tmp_path / "runs", tmp_path / "results"
+    src = runs / "benchmark" / "cpu"
+    src.mkdir(parents=True)
+    out.mkdir()
+    (out / "efficiency.json").write_text('{"old": 1}')
+    (out / "efficiency.md").write_text("old table")
+    (src / "efficiency.json").write_text('{"new": 2}')
+    (src / "efficiency.md").write_text("new table")
+    assert reproduce.publish_benchmark(runs, "cpu", out)
+    kept = sorted(p.name for p in out.glob("efficiency-*"))
+    assert [(out / k).read_text() for k in kept] == ['{"old": 1}', "old table"]
+    assert (out / "efficiency.md").read_text() == "new table"
+    assert reproduce.publish_benchmark(runs, "cpu", out)
+    assert sorted(p.name for p in out.glob("efficiency*")) == sorted(kept + ["efficiency.json", "efficiency.md"])
+
+
 def test_jobs_run_single_runs_side_by_side_then_the_benchmark_alone(tmp_path: Path) -> None:
     runs, out, data = tmp_path / "runs", tmp_path / "results", tmp_path / "scrolls"
     for split in ("train", "validation"):
