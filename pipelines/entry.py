@@ -11,7 +11,7 @@ from typing import Any, Callable, TypeVar
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import JobFailed, PipelineConfigError
 from pipelines.logs import stop_log_files
@@ -67,7 +67,7 @@ def task_wrapper(fn: F) -> F:
             if is_rank_zero():
                 claimed = (run_dir / RUN_CLAIM).is_file()
                 if failed and not claimed:
-                    drop_unclaimed(run_dir, Path(cfg.paths.runs_dir))
+                    drop_unclaimed(run_dir, _kept_above(cfg))
                 where = str(run_dir) if claimed else "none (the run failed its checks before claiming a directory)"
                 JOBS.append({"entry": fn.__name__, "cfg": cfg, "run_dir": where, "failed": failed,
                              "error": error.splitlines()[0] if error else "",
@@ -78,6 +78,14 @@ def task_wrapper(fn: F) -> F:
             stop_log_files()
 
     return wrapped  # type: ignore[return-value]
+
+
+def _kept_above(cfg: DictConfig) -> Path:
+    """The folder a failed run's cleanup stops at: the evaluated run for an evaluation (its
+    ``<run_dir>/eval/``), else the parent of ``paths.runs_dir``."""
+    if OmegaConf.select(cfg, "run_dir") is not None:
+        return Path(cfg.run_dir)
+    return Path(cfg.paths.runs_dir).parent
 
 
 def multirun_flag_first(argv: list[str]) -> list[str]:

@@ -71,18 +71,23 @@ def task_config(cfg: DictConfig, source: RunSource, out_dir: Path) -> DictConfig
     """The evaluation's task settings: the run's own task with changes, or the chosen task=."""
     chosen = OmegaConf.to_container(cfg.task, resolve=True)
     if chosen.get("name") is None:  # no task=: the run's own evaluation again
-        if source.run_cfg is None or source.ckpt is None:
-            raise PipelineConfigError(
-                f"run_dir={source.run_dir} is a Hugging Face model; choose its evaluation with "
-                "task=passkey or task=perplexity"
-            )
-        changes = {k: v for k, v in chosen.items() if v is not None}
-        check_rerun_changes(source.run_cfg, changes)
-        return OmegaConf.merge(source.run_cfg.task, changes)
+        return own_task_config(chosen, source)
     task_cfg = OmegaConf.create({k: v for k, v in chosen.items()
                                  if not (k in RERUN_KEYS and v is None)})
     tasks.get(task_cfg.name).adopt(task_cfg, source, out_dir)  # refused by a task that cannot
     return task_cfg
+
+
+def own_task_config(chosen: dict[str, Any], source: RunSource) -> DictConfig:
+    """The run's own task settings with the values ``chosen`` sets (None: the run's)."""
+    if source.run_cfg is None or source.ckpt is None:
+        raise PipelineConfigError(
+            f"run_dir={source.run_dir} is a Hugging Face model; choose its evaluation with "
+            "task=passkey or task=perplexity"
+        )
+    changes = {k: v for k, v in chosen.items() if v is not None}
+    check_rerun_changes(source.run_cfg, changes)
+    return OmegaConf.merge(source.run_cfg.task, changes)
 
 
 def check_rerun_changes(run_cfg: DictConfig, changes: dict[str, Any]) -> None:
@@ -143,6 +148,20 @@ def run_precision(asked: str, run_cfg: DictConfig | None, device_type: str) -> s
     return device_default(device_type)
 
 
+def check_settings(cfg: DictConfig) -> None:
+    """The checks of evaluate() that write nothing and load no weights: the run exists, and a
+    rerun of its own evaluation changes settings its task has, to values the task accepts (a
+    chosen task= is checked by its job, which may first write held-out text). A sweep runs
+    them on every job before the first one evaluates."""
+    if (problem := run_dir_problem([f"run_dir={cfg.run_dir}"])) is not None:
+        raise PipelineConfigError(problem)
+    if cfg.task.get("name") is not None:
+        return
+    source = open_run(Path(cfg.run_dir), str(cfg.ckpt), cfg.get("stage"))
+    task_cfg = own_task_config(OmegaConf.to_container(cfg.task, resolve=True), source)
+    tasks.get(task_cfg.name).check(task_cfg)
+
+
 @task_wrapper
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Load the run's model, run the evaluation, write and log the metrics; return them."""
@@ -192,4 +211,4 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     if message := run_dir_problem(sys.argv[1:]):
         sys.exit(message)
-    run_entry(main, sys.argv[1:], config_name="evaluate")
+    run_entry(main, sys.argv[1:], config_name="evaluate", check_job=check_settings)

@@ -19,6 +19,10 @@ if not OmegaConf.has_resolver("run_id"):
 if not OmegaConf.has_resolver("cwd"):
     OmegaConf.register_new_resolver("cwd", os.getcwd)
 
+# An absolute path (conf/hydra/evaluate.yaml's multirun job dirs).
+if not OmegaConf.has_resolver("abspath"):
+    OmegaConf.register_new_resolver("abspath", lambda path: os.path.abspath(str(path)))
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 

@@ -182,6 +182,8 @@ def preflight(config_name: str, argv: list[str],
         if (problem := unknown_key_problem(config_name, overrides)) is not None:
             raise PipelineConfigError(problem)
         return
+    if multirun and check_job is not None and (problem := sweep_problem(config_name, overrides, check_job)):
+        raise PipelineConfigError(problem)  # before any folder is made
     runs_dir = OmegaConf.select(cfg, "paths.runs_dir")
     run_dir = None if multirun else OmegaConf.select(cfg, "hydra.run.dir")
     run_dir = Path(str(run_dir)) if run_dir else None
@@ -192,8 +194,6 @@ def preflight(config_name: str, argv: list[str],
         check_run_dir_new(run_dir)
         if not inside:
             check_writable(run_dir.parent, "hydra.run.dir", run_dir)  # a run outside paths.runs_dir
-    if multirun and check_job is not None and (problem := sweep_problem(config_name, overrides, check_job)):
-        raise PipelineConfigError(problem)
 
 
 def _dotted_keys(node: Any, prefix: str = "") -> list[str]:

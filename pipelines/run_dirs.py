@@ -25,11 +25,12 @@ def is_rank_zero() -> bool:
     return all(int(os.environ.get(k, 0)) == 0 for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID"))
 
 
-def drop_unclaimed(run_dir: Path, runs_dir: Path | None = None) -> None:
+def drop_unclaimed(run_dir: Path, stop: Path) -> None:
     """Remove the empty directories made for a run that failed before claiming one (its own and
-    the empty <experiment>/<pe>/<seed> folders above it, up to ``runs_dir``), so no debris is
-    left or counted as a run; a claimed or non-empty directory is never touched."""
-    stop = runs_dir.resolve().parent if runs_dir is not None else run_dir.parent
+    the empty folders above it below ``stop``: a training run's <experiment>/<pe>/<seed>, an
+    evaluation's eval/), so no debris is left or counted as a run; a claimed or non-empty
+    directory, and ``stop`` itself, are never touched."""
+    stop = stop.resolve()
     here = run_dir.resolve()
     try:
         if here.is_dir() and not any(here.iterdir()):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -406,3 +407,31 @@ def test_perplexity_names_its_protocol_and_reproduces_the_runs_own_number(pretra
                     name="same")
     assert "protocol" not in same
     assert same[f"ppl_heldout_{length}"] == pytest.approx(own["ppl_1x"], rel=1e-6)
+
+
+def test_a_sweep_evaluates_into_the_runs_eval_dir_and_a_failure_leaves_nothing(
+        randpe_addition: Path, tmp_path: Path) -> None:
+    """`-m` wrote whole evaluations into ./multirun/ of the current directory, after running the
+    jobs before a bad value; a failed evaluation left an empty eval/ in a run outside runs/."""
+    run = tmp_path / "elsewhere" / "run"
+    shutil.copytree(randpe_addition, run, ignore=shutil.ignore_patterns("eval"))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipelines.evaluate", f"run_dir={run}", "logger=csv", *args],
+                              cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+    out = cli("task.examples_per_cell=-1")
+    assert out.returncode != 0 and "task.examples_per_cell=-1 must be >= 1" in out.stderr
+    assert not (run / "eval").exists()
+    out = cli("-m", "task.examples_per_cell=1,-2")
+    assert out.returncode != 0 and "1 of the sweep's 2 jobs would fail their checks, so none was started" in out.stderr
+    assert not (run / "eval").exists() and not any(cwd.iterdir())
+    out = cli("-m", "task.examples_per_cell=1,2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    evals = sorted((run / "eval").iterdir())
+    assert [p.name[-2:] for p in evals] == ["-0", "-1"] and all((p / "metrics.json").is_file() for p in evals)
+    assert [p.name for p in cwd.iterdir()] == ["runs"]  # runs/multirun/<time>-<id>/multirun.yaml only
+    assert [p.name for p in (cwd / "runs" / "multirun").iterdir()][0] and not list(cwd.glob("runs/multirun/*/*/"))
