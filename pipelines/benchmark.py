@@ -39,9 +39,12 @@ def settings_from_config(cfg: DictConfig) -> BenchSettings:
 
     preset = OmegaConf.to_container(cfg.scales[cfg.scale], resolve=True)
     op, train = dict(preset["op"]), dict(preset["train"])
-    for key in ("warmup", "repeats"):
+    for key, least in (("warmup", 0), ("repeats", 1)):
         if cfg[key] is not None:
-            op[key] = train[key] = int(cfg[key])
+            op[key] = train[key] = _count(cfg, key, least)
+    threads = None if cfg.threads is None else _count(cfg, "threads", 1)
+    if cfg.rss is not None and not isinstance(cfg.rss, bool):
+        raise ValueError(f"rss={cfg.rss!r}; choose true, false or null (the preset's)")
     return BenchSettings(
         device=str(cfg.device), scale=str(cfg.scale),
         pes=list(ALL_PES) if cfg.pes == "all" else [cfg.pes] if isinstance(cfg.pes, str) else list(cfg.pes),
@@ -49,8 +52,16 @@ def settings_from_config(cfg: DictConfig) -> BenchSettings:
         dtype=str(cfg.dtype), op=OpSettings(**op), train=TrainSettings(**train),
         rss=bool(preset.get("rss", False) if cfg.rss is None else cfg.rss),
         table3_batch=int(cfg.table3.batch), table3_seq_len=int(cfg.table3.seq_len),
-        seed=int(cfg.seed), threads=cfg.threads,
+        seed=_count(cfg, "seed", 0), threads=threads,
     )
+
+
+def _count(cfg: DictConfig, key: str, least: int) -> int:
+    """An integer setting of at least ``least``, or a ValueError naming it."""
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{key}={value!r}: give an integer >= {least}")
+    return value
 
 
 def command_line(overrides: list[str]) -> str:

@@ -33,8 +33,11 @@ def keep_earlier(paths: Sequence[Path]) -> None:
     if not present:
         return
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(present[0].stat().st_mtime))
+    tag, n = stamp, 1
+    while any(p.with_name(f"{p.stem}-{tag}{p.suffix}").exists() for p in present):
+        tag, n = f"{stamp}-{n}", n + 1  # kept twice in one second: never rename onto a kept file
     for old in present:
-        old.rename(old.with_name(f"{old.stem}-{stamp}{old.suffix}"))
+        old.rename(old.with_name(f"{old.stem}-{tag}{old.suffix}"))
 
 
 def _number(text: str) -> Any:

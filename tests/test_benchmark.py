@@ -4,6 +4,8 @@ Nothing here is timed: timings are only checked to be positive and ordered."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -217,6 +219,26 @@ def test_config_presets_and_overrides():
     assert settings_from_config(compose_benchmark("pes=tape")).pes == ["tape"]  # was ['t', 'a', 'p', 'e']
     with pytest.raises(ValueError, match="backend='flashy'; choose one of"):  # before any table runs
         settings_from_config(compose_benchmark("backend=flashy"))
+    for override, message in (("repeats=abc", "repeats='abc': give an integer >= 1"),
+                              ("repeats=0", "repeats=0: give an integer >= 1"),
+                              ("warmup=-1", "warmup=-1: give an integer >= 0"),
+                              ("threads=abc", "threads='abc': give an integer >= 1"),
+                              ("rss=maybe", "rss='maybe'; choose true, false or null")):
+        with pytest.raises(ValueError, match=re.escape(message)):  # was a crash midway, or taken as true
+            settings_from_config(compose_benchmark(override))
+
+
+def test_a_sweep_leaves_only_hydras_record_under_runs_multirun(tmp_path):
+    """`-m` made ./multirun/<date>/<time>/<job>/ in the current directory."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pipelines.benchmark", "-m", "scale=tiny", "pes=[rope]",
+                           "tape_modes=[fused]", f"output_dir={tmp_path / 'out'}", "seed=0,1"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "runs"]
+    records = [p.relative_to(tmp_path).parts for p in (tmp_path / "runs").rglob("*") if p.is_file()]
+    assert len(records) == 1 and records[0][:2] == ("runs", "multirun") and records[0][-1] == "multirun.yaml"
+    assert len(list((tmp_path / "out").glob("efficiency*.json"))) == 2  # the first job's pair kept
 
 
 def test_bad_settings_end_in_one_line_before_any_work(tmp_path):

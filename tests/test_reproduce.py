@@ -543,3 +543,16 @@ def test_gpu_profile_runs_only_the_gpu_claims_and_their_presets_compose(tmp_path
     assert c1.trainer.precision == "bf16-mixed" and c1.scale == "gpu"
     ff = compose_config("config", ["experiment=flipflop/gpu", "pe=rope"])
     assert (ff.task.seq_len, ff.task.eval_sequences, ff.experiment_name) == (512, 10000, "flipflop/gpu")
+
+
+def test_keep_earlier_never_renames_onto_a_kept_file(tmp_path: Path) -> None:
+    from pipelines.result_files import keep_earlier
+
+    pair = [tmp_path / "efficiency.json", tmp_path / "efficiency.md"]
+    for n in range(3):  # three results within one second
+        for p in pair:
+            p.write_text(f"{p.suffix} {n}")
+            os.utime(p, (1_700_000_000, 1_700_000_000))
+        keep_earlier(pair)
+    kept = sorted(p.read_text() for p in tmp_path.iterdir())
+    assert kept == [".json 0", ".json 1", ".json 2", ".md 0", ".md 1", ".md 2"]
