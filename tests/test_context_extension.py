@@ -535,3 +535,56 @@ def test_base_check_reads_the_longest_passkey_length_within_the_context():
     assert _base_check(cfg, rows) == {"base_passkey_at_context": 0.9, "base_passkey_tokens": 3930,
                                       "base_retrieves": False}
     assert _base_check(cfg, rows[2:]) == {}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("base.schedule=cosin", r"base\.schedule=cosin: choose one of \['constant', 'cosine', 'linear'\]"),
+    ("extend.schedule=lin", r"extend\.schedule=lin: choose one of"),
+    ("extend.steps=abc", r"extend\.steps='abc' must be an integer"),
+    ("base.steps=2.5", r"base\.steps=2\.5 must be an integer"),
+    ("extend.steps=0", r"extend\.steps=0 must be >= 1"),
+    ("base.batch_size=abc", r"base\.batch_size='abc' must be an integer"),
+    ("extend.passkey_rows=abc", r"extend\.passkey_rows='abc' must be an integer"),
+    ("base.warmup_steps=-1", r"base\.warmup_steps=-1 must be >= 0"),
+    ("extend.context=abc", r"extend\.context='abc' must be an integer"),
+    ("model.context=abc", r"model\.context='abc' must be an integer"),
+    ("base.passkey_min_tokens=500", r"base\.passkey_min_tokens=500 must be <= model\.context=256"),
+    ("base.lr=abc", r"base\.lr='abc' \(str\) is not one of: float"),
+    ("extend.lr=0", r"extend\.lr=0: must be > 0"),
+    ("extend.betas=[0.9,abc]", r"extend\.betas=\[0\.9, 'abc'\] must be two numbers in \[0, 1\)"),
+    ("base.min_lr_ratio=2", r"base\.min_lr_ratio=2: must be in \[0, 1\]"),
+    ("extend.weight_decay=-0.1", r"extend\.weight_decay=-0\.1: must be >= 0"),
+    ("base.passkey_weight=abc", r"base\.passkey_weight='abc' must be a number >= 0"),
+    ("extend.grad_clip=-1", r"extend\.grad_clip=-1 must be a number >= 0"),
+    ("extend.gradient_checkpointing=yes", r"extend\.gradient_checkpointing='yes' must be true or false"),
+    ("extend.recipes=tape", r"extend\.recipes='tape' must be a list of names"),
+    ("eval.perplexity_lengths=[64,abc]", r"eval\.perplexity_lengths: 'abc' is not an integer"),
+])
+def test_malformed_section_values_name_their_key(override, message):
+    """Every value of base.* / extend.* is checked by validate() (named as the user wrote it),
+    not by a traceback from int() or, mid-run, by lr_factor naming optim.schedule."""
+    with pytest.raises(PipelineConfigError, match=message):
+        validate(compose_config("config", ["experiment=context_extension/cpu", override]))
+
+
+def test_section_checks_pass_the_presets_and_null_grad_clip():
+    validate(compose_config("config", ["experiment=context_extension/cpu", "base.grad_clip=null",
+                                       "extend.schedule=linear", "base.passkey_rows=0",
+                                       "base.passkey_min_tokens=500"]))
+
+
+def test_misspelt_schedule_fails_before_anything_is_written(tmp_path):
+    """base.schedule=cosin once trained the base, then crashed inside it naming optim.schedule,
+    leaving a run directory without metrics.json and a models/ folder."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.extend", "experiment=context_extension/smoke", "base.schedule=cosin",
+         "logger=none", f"paths.runs_dir={tmp_path / 'runs'}"], cwd=root, capture_output=True, text=True,
+        timeout=600)
+    assert done.returncode != 0, done.stderr[-2000:]
+    assert "base.schedule=cosin: choose one of" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "optim.schedule" not in done.stderr
+    assert not list(tmp_path.rglob("*"))  # no run directory, no models folder

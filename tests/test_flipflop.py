@@ -152,3 +152,30 @@ def test_smoke_run_end_to_end(make_cfg, pe: str) -> None:
     again = evaluate(ecfg)
     assert {k: v for k, v in again.items() if k.startswith("read_error")} == {
         k: v for k, v in saved.items() if k.startswith("read_error")}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("task.eval_multipliers=[1,abc]", r"task\.eval_multipliers=\[1, 'abc'\] must be a non-empty list of integers >= 1"),
+    ("task.eval_multipliers=[1,2.5]", r"task\.eval_multipliers=\[1, 2\.5\] must be a non-empty list of integers"),
+    ("task.eval_multipliers=4", r"task\.eval_multipliers=4 must be a non-empty list"),
+    ("task.primary_multipliers=[2,abc]", r"task\.primary_multipliers=\[2, 'abc'\] must be a non-empty list"),
+    ("task.primary_multipliers=[]", r"task\.primary_multipliers=\[\] must be a non-empty list"),
+    ("task.p_ignore=abc", r"task\.p_ignore='abc' must be a number in \[0, 1\)"),
+    ("task.eval_p_ignore.dense=abc", r"task\.eval_p_ignore\.dense='abc' must be a number in \[0, 1\)"),
+    ("task.seq_len=abc", r"task\.seq_len='abc' must be an integer"),
+    ("task.batch_size=abc", r"task\.batch_size='abc' must be an integer"),
+    ("task.eval_seed=abc", r"task\.eval_seed='abc' must be an integer"),
+])
+def test_malformed_values_name_their_key_not_a_traceback(make_cfg, override: str, message: str) -> None:
+    """A value of the wrong type (task.eval_multipliers=[1,abc] once gave a raw int() traceback,
+    [1,2.5] was truncated to [1,2]) is a config error naming the key."""
+    cfg = make_cfg("experiment=flipflop/smoke", override)
+    with pytest.raises(PipelineConfigError, match=message):
+        task.validate(cfg)
+
+
+def test_malformed_multipliers_fail_before_the_run_dir(make_cfg, tmp_path: Path) -> None:
+    cfg = make_cfg("experiment=flipflop/smoke", "logger=none", "task.eval_multipliers=[1,abc]")
+    with pytest.raises(PipelineConfigError, match=r"task\.eval_multipliers="):
+        train(cfg)
+    assert not Path(cfg.paths.output_dir).exists() and not any((tmp_path / "runs").rglob("*"))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipelines.tasks.context_extension.data import (
     check_inputs, describe, heldout_files, load_data, trained_tokenizer,
@@ -35,6 +35,7 @@ from pipelines.tasks.context_extension.stages import (
     DTYPES, base_stage, evaluate_stage, passkey_check, recipe_spec, recipe_stage,
 )
 from pipelines import wandb_log
+from pipelines.config_checks import require_int
 from pipelines.errors import PipelineConfigError
 from pipelines.result_files import write_csv, write_json_once
 from pipelines.run_dirs import claim_run_dir, is_rank_zero
@@ -42,6 +43,8 @@ from pipelines.tasks import register
 from pipelines.tasks.base import Task
 from tape.hf.io import load_model
 from tape.hf.recipes import RECIPES
+from tape.schedule import optim_problems
+from tape.typecheck import type_problems
 
 log = logging.getLogger("pipelines.context_extension")
 MIXED = ("16-mixed", "bf16-mixed")
@@ -73,8 +76,60 @@ def _check_precision(cfg: DictConfig) -> None:
         raise PipelineConfigError(f"eval.dtype={cfg.eval.dtype}: choose one of {list(DTYPES)}")
 
 
+# The integer keys of the training sections (base.*, extend.*) and the least each may be;
+# passkey_rows is bounded by batch_size in validate().
+SECTION_INTS = {
+    "base": {"steps": 1, "batch_size": 1, "grad_accum": 1, "passkey_rows": 0, "passkey_min_tokens": 1,
+             "warmup_steps": 0, "log_every": 1, "checkpoint_every": 1},
+    "extend": {"context": 1, "steps": 1, "batch_size": 1, "grad_accum": 1, "passkey_rows": 0,
+               "warmup_steps": 0, "log_every": 1, "checkpoint_every": 1},
+}
+OPTIM_KEYS = ("lr", "betas", "weight_decay", "warmup_steps", "schedule", "min_lr_ratio")  # as optim.*
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_section(cfg: DictConfig, section: str) -> None:
+    """The value types and ranges of ``base.*`` or ``extend.*`` (``extend.steps=abc``,
+    ``base.schedule=cosin``), named as on the command line before anything trains."""
+    s = cfg[section]
+    require_int(s, *SECTION_INTS[section], prefix=f"{section}.")
+    for key, least in SECTION_INTS[section].items():
+        if s[key] < least:
+            raise PipelineConfigError(f"{section}.{key}={s[key]} must be >= {least}")
+    values = OmegaConf.to_container(s, resolve=True)
+    optim = {k: values[k] for k in OPTIM_KEYS if k in values}
+    betas = optim.get("betas", [0.9, 0.95])
+    if not (isinstance(betas, list) and len(betas) == 2 and all(_is_number(b) for b in betas)):
+        raise PipelineConfigError(f"{section}.betas={betas!r} must be two numbers in [0, 1), e.g. "
+                                  f"{section}.betas=[0.9,0.95]")
+    problems = type_problems(optim_problems, optim) or optim_problems(**optim)
+    if problems:  # e.g. base.schedule=cosin, named before a stage trains
+        raise PipelineConfigError("; ".join(f"{section}.{p}" for p in problems))
+    for key in ("passkey_weight", "grad_clip"):
+        value = values.get(key)
+        if key == "grad_clip" and value is None:
+            continue  # no clipping
+        if not (_is_number(value) and value >= 0):  # nan too
+            raise PipelineConfigError(f"{section}.{key}={value!r} must be a number >= 0"
+                                      + (" (or null: no clipping)" if key == "grad_clip" else ""))
+    if section == "extend":
+        if not isinstance(values.get("gradient_checkpointing"), bool):
+            raise PipelineConfigError(f"extend.gradient_checkpointing={values.get('gradient_checkpointing')!r} "
+                                      "must be true or false")
+        recipes = values.get("recipes")
+        if not isinstance(recipes, list) or not all(isinstance(r, str) for r in recipes):
+            raise PipelineConfigError(f"extend.recipes={recipes!r} must be a list of names under recipes.*, "
+                                      f"e.g. extend.recipes=[tape,lora]")
+
+
 def validate(cfg: DictConfig) -> None:
     """Every impossible setting, before anything loads or trains."""
+    require_int(cfg, "model.context")
+    for section in ("base", "extend"):
+        check_section(cfg, section)
     C, T = int(cfg.model.context), int(cfg.extend.context)
     if T <= C:
         raise PipelineConfigError(f"extend.context={T} must exceed model.context={C}")
@@ -94,15 +149,18 @@ def validate(cfg: DictConfig) -> None:
         s = cfg[section]
         if not 0 <= s.passkey_rows <= s.batch_size:
             raise PipelineConfigError(f"{section}.passkey_rows={s.passkey_rows} must be in [0, {section}.batch_size]")
-        for key in ("steps", "grad_accum", "checkpoint_every", "log_every"):
-            if int(s[key]) < 1:
-                raise PipelineConfigError(f"{section}.{key}={s[key]} must be >= 1")
+    if cfg.base.passkey_rows and not cfg.model.pretrained_path and cfg.base.passkey_min_tokens > C:
+        raise PipelineConfigError(f"base.passkey_min_tokens={cfg.base.passkey_min_tokens} must be <= "
+                                  f"model.context={C} (base passkey prompts span base.passkey_min_tokens .. "
+                                  "model.context tokens)")
     _check_precision(cfg)
     if cfg.get("ckpt_path"):
         raise PipelineConfigError(
             f"ckpt_path={cfg.ckpt_path}: context extension resumes by itself; rerun the same command "
             "(a killed stage continues from its last checkpoint, finished stages are reused)")
     for n in cfg.eval.perplexity_lengths:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise PipelineConfigError(f"eval.perplexity_lengths: {n!r} is not an integer (tokens)")
         if n < 2:
             raise PipelineConfigError(f"eval.perplexity_lengths: {n} < 2 tokens")
     check_inputs(cfg)
