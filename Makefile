@@ -36,8 +36,8 @@ demo:  ## A first look in ~2 minutes: TAPE and RoPE on flip-flop, a figure and a
 	$(BIN)/python -m pipelines.demo
 .PHONY: demo
 
-bench:  ## Efficiency benchmark (CPU, ~25 min): writes runs/benchmark/cpu/efficiency.md and .json (make reproduce publishes to results/)
-	nice -n 10 $(BIN)/python -m pipelines.benchmark
+bench:  ## Efficiency benchmark (CPU, ~25 min): writes runs/benchmark/cpu/efficiency.md and .json (OUT=<dir>: there instead; an earlier pair is kept, renamed; make reproduce publishes to results/)
+	nice -n 10 $(BIN)/python -m pipelines.benchmark $(if $(OUT),output_dir=$(abspath $(OUT)))
 .PHONY: bench
 
 reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~12 h with JOBS=2 on 2 cores; --dry-run estimates what is left), tables (the paper's tables at cpu scale, SEEDS="0 1"), cpu-full (both, 8 seeds) or print PROFILE=paper's commands; JOBS=2 runs at once; skips finished runs; then renders results/
@@ -46,9 +46,11 @@ reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~12 h wi
 report:  ## Render results/ from the committed records in results/records (never W&B); your own runs: make report RUNS=runs OUT=runs/report
 	$(BIN)/python -m pipelines.report $(if $(RUNS),--runs $(RUNS)) $(if $(OUT),--out $(OUT)) $(REPORT_ARGS)
 
-notebook:  ## Execute notebooks/results.ipynb on results/ (RESULTS=<dir>: any rendered folder); the copy with figures goes to runs/notebook/
-	mkdir -p runs/notebook
-	TAPE_RESULTS=$(abspath $(or $(RESULTS),results)) $(BIN)/jupyter execute notebooks/results.ipynb --output=$(CURDIR)/runs/notebook/results
+notebook:  ## Execute notebooks/results.ipynb on results/ (RESULTS=<dir>: any rendered folder); the copy with figures goes to runs/notebook/results-<time>.ipynb (OUT=<dir>: there instead), never over an earlier one
+	mkdir -p $(or $(OUT),runs/notebook)
+	nb=$(abspath $(or $(OUT),runs/notebook))/results-$$(date +%Y%m%d-%H%M%S); \
+	if [ -e "$$nb.ipynb" ]; then echo "make notebook: $$nb.ipynb exists (kept); run again in a second or pass OUT=<another dir>" >&2; exit 1; fi; \
+	TAPE_RESULTS=$(abspath $(or $(RESULTS),results)) $(BIN)/jupyter execute notebooks/results.ipynb --output="$$nb"
 .PHONY: notebook
 
 # the newest run's wandb/ folder under $(RUNS) (default runs/), by modification time

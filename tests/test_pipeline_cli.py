@@ -122,4 +122,113 @@ def test_the_demo_trains_both_encodings_and_writes_its_report(tmp_path: Path) ->
     text = (out / "report" / "README.md").read_text()
     assert "figures/claim_demo.png" in text and (out / "report" / "figures" / "claim_demo.png").is_file()
     assert "Paired over 2 seeds" in text and "described" in text  # a demo never gets a verdict
+    assert "6 steps" in text and "300 steps" not in text  # flipflop/smoke's trainer.max_steps
     assert len([p for p in (out / "runs" / "flipflop" / "smoke").glob("*/*/*") if p.is_dir()]) == 4
+
+
+def fake_demo_training(calls: list[list[str]], ood: float):
+    """A stand-in for ``pipelines.demo.train``: writes what a multirun of flipflop/smoke leaves
+    (config.yaml, metrics.json; read error ``ood + seed``) under a new sweep id per call."""
+    def train(experiment: str, seeds, runs_dir: Path, extra=()) -> int:
+        calls.append(list(extra))
+        sweep = f"20261129-1200{len(calls):02d}-abc{len(calls):03d}"
+        for job, (pe, seed) in enumerate((pe, s) for pe in ("rope", "tape") for s in seeds):
+            run = runs_dir / experiment / pe / str(seed) / f"{sweep}-{job}"
+            run.mkdir(parents=True)
+            run.joinpath("config.yaml").write_text(
+                "task: {name: flipflop, seq_len: 16}\nmodel: {n_layers: 2, d_model: 32}\n"
+                "trainer: {max_steps: 6}\noptim: {lr: %s}\n" % (extra[0].split("=")[1] if extra else "0.001"))
+            metrics = {"experiment": experiment, "pe": pe, "seed": seed, "task": "flipflop", "scale": "smoke",
+                       "read_error_ood": ood + seed, "read_error_1x": 0.0, "steps": 6,
+                       **{f"read_error_{m}x": ood + seed for m in (2, 3, 4)}}
+            run.joinpath("metrics.json").write_text(json.dumps(metrics))
+            run.joinpath("command.txt").write_text("python -m pipelines.train\n")
+        return 0
+    return train
+
+
+def test_a_second_demo_into_the_same_out_keeps_the_first_report_and_reads_only_its_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two demos into one --out (the second at another learning rate): the first report stays
+    as it was; the second, beside it, averages and tabulates only the second call's runs."""
+    from pipelines import demo
+
+    out, calls = tmp_path / "demo", []
+    argv = ["--out", str(out), "--experiment", "flipflop/smoke", "--seeds", "0", "1"]
+    monkeypatch.setattr(demo, "train", fake_demo_training(calls, ood=10.0))
+    assert demo.main(argv) == 0
+    first = (out / "report" / "README.md").read_bytes()
+    monkeypatch.setattr(demo, "train", fake_demo_training(calls, ood=40.0))
+    assert demo.main([*argv, "--", "optim.lr=0.05"]) == 0 and calls == [[], ["optim.lr=0.05"]]
+
+    assert (out / "report" / "README.md").read_bytes() == first  # kept (the old demo overwrote it)
+    [second] = [p for p in out.glob("report-*")]
+    assert second.name == "report-20261129-120002-abc002"  # the second call's sweep id
+    text = (second / "README.md").read_text()
+    assert (second / "figures" / "claim_demo.png").is_file()
+    rows = [line for line in text.splitlines() if line.startswith("| 0 ") or line.startswith("| 1 ")]
+    assert rows == ["| 0 | 40.00 | 40.00 | +0.00 |", "| 1 | 41.00 | 41.00 | +0.00 |"]  # one run a seed
+    assert "Paired over 2 seeds" in text and "10.00" not in text and "4 runs" in text
+    assert "6 steps" in text and "300 steps" not in text
+    assert "| 0 | 10.00 |" in first.decode()
+
+
+@pytest.mark.parametrize("experiment, extra, says", [
+    ("addition/smoke", [], "trains task 'addition'"),
+    ("nope/x", [], "no such experiment"),
+    ("flipflop/smoke", ["task=addition"], "task is the demo's own setting; use --experiment"),
+    ("flipflop/smoke", ["seed=3"], "use --seeds"),
+])
+def test_the_demo_refuses_what_it_cannot_report_before_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        experiment: str, extra: list[str], says: str) -> None:
+    """addition/smoke used to train, then fail on a KeyError: 'read_error_ood' traceback."""
+    from pipelines import demo
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(demo, "train", fake_demo_training(calls, ood=10.0))
+    out = tmp_path / "demo"
+    assert demo.main(["--out", str(out), "--experiment", experiment, "--seeds", "0", "--", *extra]) == 2
+    err = capsys.readouterr().err
+    assert calls == [] and not out.exists()  # nothing trained, nothing written
+    assert says in err and err.startswith("pipelines.demo: ")
+    if not extra:  # a preset it cannot report: the message lists those it can
+        assert "flipflop/demo" in err and "flipflop/smoke" in err
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make(target: str, cwd: Path, *variables: str, path: str = "") -> subprocess.CompletedProcess:
+    """``make -f <repo>/Makefile <target> <variables>`` run from ``cwd``; ``path`` goes first on PATH."""
+    env = {**os.environ, "PATH": f"{path}:{os.environ['PATH']}" if path else os.environ["PATH"]}
+    env.pop("OUT", None)
+    return subprocess.run(["make", "--no-print-directory", "-f", str(REPO / "Makefile"), target, *variables],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_make_bench_writes_where_out_says(tmp_path: Path) -> None:
+    assert "output_dir=" not in make("bench", tmp_path, "-n").stdout  # the default: runs/benchmark/<scale>
+    out = make("bench", tmp_path, "-n", "OUT=bench")
+    assert f"-m pipelines.benchmark output_dir={tmp_path / 'bench'}" in out.stdout, out.stdout + out.stderr
+
+
+def test_make_notebook_never_overwrites_an_earlier_notebook(tmp_path: Path) -> None:
+    """A stand-in jupyter (BIN=) and a clock stopped at one second: the second `make notebook`
+    would write the same name, and is refused; OUT= moves the copy, the default stays runs/notebook/."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "date").write_text("#!/bin/sh\necho 20990101-000000\n")
+    (bin_dir / "jupyter").write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in --output=*) o="${a#--output=}";; '
+                                     'esac; done\necho "executed on $TAPE_RESULTS" >> "$o.ipynb"\n')
+    for tool in ("date", "jupyter"):
+        (bin_dir / tool).chmod(0o755)
+    args = (f"BIN={bin_dir}", f"RESULTS={tmp_path / 'rendered'}")
+    first = make("notebook", tmp_path, *args, "OUT=nb", path=str(bin_dir))
+    copy = tmp_path / "nb" / "results-20990101-000000.ipynb"
+    assert first.returncode == 0 and copy.read_text() == f"executed on {tmp_path / 'rendered'}\n", first.stderr
+    again = make("notebook", tmp_path, *args, "OUT=nb", path=str(bin_dir))
+    assert again.returncode != 0 and f"{copy} exists" in again.stderr and "OUT=" in again.stderr
+    assert copy.read_text() == f"executed on {tmp_path / 'rendered'}\n"  # executed once, kept
+    assert make("notebook", tmp_path, *args, path=str(bin_dir)).returncode == 0
+    assert (tmp_path / "runs" / "notebook" / "results-20990101-000000.ipynb").is_file()
