@@ -54,6 +54,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        print(f"pipelines.report: --out {args.out} is a file; give a folder (results/ or a new one)", file=sys.stderr)
+        return 1
     records = args.out / "records"
     args.runs = args.runs or records
     runs_at, records_at = args.runs.resolve(), records.resolve()

@@ -130,7 +130,15 @@ class RunSource:
 
     # ------------------------------------------------------------------ model
     def load_model(self, device: str, dtype: str = "float32") -> tuple[nn.Module, dict[str, Any]]:
-        """The model on ``device`` in eval mode, and facts about it (steps trained)."""
+        """The model on ``device`` in eval mode, and facts about it (steps trained). ``dtype``
+        is a Hugging Face model's; a run's checkpoint loads float32 (precision= sets autocast)."""
+        from tape.hf.io import DTYPES
+
+        if dtype not in DTYPES:
+            raise PipelineConfigError(f"dtype={dtype}: choose one of {list(DTYPES)}")
+        if self.ckpt is not None and dtype != "float32":
+            raise PipelineConfigError(f"dtype={dtype}: a run's checkpoint evaluates in float32 weights; "
+                                      "choose its autocast with precision=bf16-mixed or 16-mixed instead")
         if self.ckpt is not None:
             from tape.lightning import CausalLMModule
 
@@ -143,10 +151,7 @@ class RunSource:
         from transformers import AutoModelForCausalLM
 
         import tape.hf  # noqa: F401 - registers TAPE models with AutoModelForCausalLM
-        from tape.hf.io import DTYPES
 
-        if dtype not in DTYPES:
-            raise PipelineConfigError(f"dtype={dtype}: choose one of {list(DTYPES)}")
         model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=DTYPES[dtype])
         return model.to(device).eval(), {}
 
@@ -212,6 +217,9 @@ def open_run(run_dir: Path, ckpt: str = "last", stage: str | None = None) -> Run
         run_cfg = OmegaConf.load(run_dir / "config.yaml")
         if run_cfg.task.name == "context_extension":
             return _extension_stage(run_dir, run_cfg, stage)
+        if stage is not None:
+            raise PipelineConfigError(f"stage={stage}: only context-extension runs have stages; "
+                                      f"{run_dir} is a {run_cfg.task.name} run: drop stage=")
         return RunSource(run_dir, run_cfg, int(run_cfg.model.max_seq_len),
                          ckpt=find_checkpoint(run_dir, str(ckpt)))
     if (run_dir / "config.json").is_file():

@@ -123,6 +123,9 @@ def test_randpe_range_check_applies_to_reevaluation(randpe_addition: Path) -> No
 
 
 @pytest.mark.parametrize("change, message", [
+    ("stage=tape", "stage=tape: only context-extension runs have stages"),  # was ignored
+    ("dtype=float99", r"dtype=float99: choose one of \['float32'"),  # was ignored
+    ("dtype=bfloat16", "dtype=bfloat16: a run's checkpoint evaluates in float32 weights; choose its autocast"),
     ("task.examples_per_cell=abc", "task.examples_per_cell='abc' must be an integer"),
     ("task.eval_batch_size=0", "task.eval_batch_size=0 must be >= 1"),
     ("task.eval_seed=-3", "task.eval_seed=-3 must be >= 0"),

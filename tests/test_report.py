@@ -681,3 +681,10 @@ def test_a_render_that_would_drop_a_scale_or_some_seeds_is_refused(tmp_path: Pat
     with pytest.raises(WouldLoseResults, match=r"1 run\(s\) whose numbers .* \(pretrain/cpu rope seed 1\)"):
         render(subset, out, carry_over=True)
     assert _snapshot(out) == before
+
+
+def test_an_out_that_is_a_file_is_refused_naming_the_option(tmp_path: Path, capsys) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("kept")
+    assert report_main(["--runs", str(tmp_path), "--out", str(afile)]) == 1  # was FileExistsError
+    assert f"--out {afile} is a file" in capsys.readouterr().err and afile.read_text() == "kept"
