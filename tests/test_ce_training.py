@@ -303,3 +303,25 @@ def test_a_resumed_stage_keeps_its_training_curve_from_step_one(tmp_path, base_d
     assert len(resumed.history) == 4
     for got, want in zip(resumed.history, through.history):
         assert got.keys() == want.keys() and got == pytest.approx(want)
+
+
+def test_the_logged_losses_are_the_steps_mean_over_its_accumulated_batches(base_dir, tmp_path):
+    """Lightning logs a step's last micro-batch only: the curve showed 1/A of each step's data."""
+    module = HFCausalLMModule(build(base_dir, "lora", torch.float32), stage="t", lr=1e-3, total_steps=1)
+    seen: list[float] = []
+    step = module.training_step
+
+    def spy(batch, batch_idx):  # noqa: ANN001, ANN202
+        loss = step(batch, batch_idx)
+        seen.append(float(loss))
+        return loss
+
+    module.training_step = spy  # type: ignore[method-assign]
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=1, accumulate_grad_batches=3, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, limit_val_batches=0, num_sanity_val_steps=0)
+    trainer.fit(module, datamodule=IndexedBatchDataModule(batches))
+    assert len(seen) == 3 and len(set(seen)) == 3
+    assert float(trainer.callback_metrics["t/loss"]) == pytest.approx(sum(seen) / 3, rel=1e-6)
+    assert float(trainer.callback_metrics["t/loss_text"]) == pytest.approx(sum(seen) / 3, rel=1e-6)
+    assert module.history[-1]["loss"] == pytest.approx(sum(seen) / 3, rel=1e-6)

@@ -55,13 +55,22 @@ class HFCausalLMModule(L.LightningModule):
         return self.model(input_ids=input_ids, use_cache=False).logits  # (B, N, V); HF would keep a KV cache
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        """The batch's weighted loss; the losses are logged once per optimizer step, as the mean
+        over its accumulated batches (what the step optimises; ``step_first`` / ``step_last``
+        from ``tape.lightning.datamodule.StepWindows``; a batch without them is its own step)."""
         logits = self(batch["input_ids"])  # (B, N, V)
         parts = split_losses(logits, batch["labels"], batch.get("passkey"))
         loss = weighted_loss(parts, self.hparams.passkey_weight, logits)
-        b, name = batch["input_ids"].shape[0], self.hparams.stage
-        for key, value in parts.items():
-            self.log(f"{name}/loss_{key}", value, batch_size=b)
-        self.log(f"{name}/loss", loss, prog_bar=True, batch_size=b)
+        values = {"loss": loss.detach(), **{f"loss_{k}": v.detach() for k, v in parts.items()}}
+        if batch.get("step_first", True):
+            self._step_sums: dict[str, list] = {}
+        for key, value in values.items():  # a part a batch lacks (no passkey rows) is not averaged in
+            total, count = self._step_sums.get(key, (0.0, 0))
+            self._step_sums[key] = (total + value, count + 1)
+        if batch.get("step_last", True):
+            b, name = batch["input_ids"].shape[0], self.hparams.stage
+            for key, (total, count) in self._step_sums.items():
+                self.log(f"{name}/{key}", total / count, prog_bar=key == "loss", batch_size=b)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
