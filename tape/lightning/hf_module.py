@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from tape.hf.loss import split_losses, weighted_loss
+from tape.hf.loss import scored_parts, split_losses, weighted_loss
 from tape.lightning.distributed import clip_gradients
 from tape.schedule import adamw_with_schedule
 
@@ -54,12 +54,18 @@ class HFCausalLMModule(L.LightningModule):
     def forward(self, input_ids: Tensor) -> Tensor:
         return self.model(input_ids=input_ids, use_cache=False).logits  # (B, N, V); HF would keep a KV cache
 
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Which loss parts the batch scores, found on the host (on the GPU it would wait)."""
+        if isinstance(batch, dict) and "labels" in batch:
+            batch = {**batch, "scored_parts": scored_parts(batch["labels"], batch.get("passkey"))}
+        return batch
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         """The batch's weighted loss; the losses are logged once per optimizer step, as the mean
         over its accumulated batches (what the step optimises; ``step_first`` / ``step_last``
         from ``tape.lightning.datamodule.StepWindows``; a batch without them is its own step)."""
         logits = self(batch["input_ids"])  # (B, N, V)
-        parts = split_losses(logits, batch["labels"], batch.get("passkey"))
+        parts = split_losses(logits, batch["labels"], batch.get("passkey"), batch.get("scored_parts"))
         loss = weighted_loss(parts, self.hparams.passkey_weight, logits)
         values = {"loss": loss.detach(), **{f"loss_{k}": v.detach() for k, v in parts.items()}}
         if batch.get("step_first", True):
