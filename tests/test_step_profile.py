@@ -14,9 +14,27 @@ def test_busy_time_is_the_union_of_kernel_intervals() -> None:
     assert step_profile._busy_us([(3, 4)]) == 1 and step_profile._busy_us([]) == 0
 
 
+def test_profiler_annotations_are_not_counted_as_kernels() -> None:
+    """torch >= 2.2 reports ``Optimizer.step#AdamW.step`` as a CUDA event spanning the whole
+    optimizer step (host gaps included): it is no kernel."""
+    from types import SimpleNamespace
+
+    import torch
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(device_type=cuda, is_user_annotation=False, name="gemm"),
+              SimpleNamespace(device_type=cuda, is_user_annotation=True, name="Optimizer.step#AdamW.step"),
+              SimpleNamespace(device_type=cpu, is_user_annotation=False, name="aten::mm")]
+    assert [e.name for e in step_profile.device_kernels(events)] == ["gemm"]
+
+
 def test_a_cpu_profile_counts_operators_and_tapes_extra_work(capsys: pytest.CaptureFixture) -> None:
     assert step_profile.main(["--device", "cpu", "--batches", "1,2", "--seq-len", "16"]) == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 * len(step_profile.VARIANTS)  # a line after each variant: a cut run keeps them
+    first = json.loads(lines[0])
+    assert set(first["batch_1"]) == {"rope"} and "batch_2" not in first
+    out = json.loads(lines[-1])
     assert out["device"] == "cpu" and set(out) == {"device", "seq_len", "compiled", "batch_1", "batch_2"}
     for batch in ("batch_1", "batch_2"):
         rows = out[batch]
@@ -56,6 +74,7 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graphs_only_on_cuda(
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["compiled"] is True and out["compile_mode"] == "reduce-overhead"
     assert compiled == ["reduce-overhead"] * 2 and marks == []
+    assert all(row["cudagraph_skips"] == 0 for row in out["batch_1"].values())  # recorded: a skip only warns
     cfg = ModelConfig(**step_profile.TINY_SHAPE)
     step = TrainStep(cfg, 1, 8, torch.device("cpu"), compile_model=True, compile_mode="reduce-overhead")
     step.cuda_graphs = True  # as on CUDA: every step starts a new graph generation

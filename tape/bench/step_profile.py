@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -63,8 +63,7 @@ def profile_step(step: TrainStep, device: torch.device, steps: int) -> dict[str,
         for _ in range(steps):
             step()
         synchronize(device)
-    events = prof.events()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = device_kernels(prof.events())
     spans = [(e.time_range.start, e.time_range.end) for e in kernels]
     by_name: Counter[str] = Counter()
     for e in kernels:
@@ -76,14 +75,30 @@ def profile_step(step: TrainStep, device: torch.device, steps: int) -> dict[str,
     }
 
 
+def _cudagraph_skips() -> int:
+    """How often inductor has run a compiled graph without CUDA graphs so far (process-wide)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"].get("cudagraph_skips", 0))
+
+
+def device_kernels(events: Sequence[Any]) -> list[Any]:
+    """The profiler's device events that are work (kernels, copies), not its annotations: torch
+    >= 2.2 also reports an annotated CPU region (``Optimizer.step#AdamW.step``) as a CUDA event
+    spanning its first to its last kernel, host gaps included."""
+    return [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+            and not getattr(e, "is_user_annotation", False)]
+
+
 def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len: int = 1024,
                  shape: dict | None = None, warmup: int = 3, timed: int = 10, profiled: int = 3,
                  compile_model: bool = False, compile_mode: str = "default",
                  labels: Sequence[str] | None = None, bf16: bool | None = None,
-                 layers: int | None = None) -> dict[str, Any]:
+                 layers: int | None = None,
+                 on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Per batch size and variant (``labels``, RoPE first): wall ms per step, the profile, and
     TAPE/RoPE ratios of both. ``bf16``: autocast (default: on CUDA only); ``layers`` replaces
-    the shape's."""
+    the shape's; ``on_row`` gets the results so far after each variant (a cut run keeps them)."""
     dev = torch.device(device)
     shape = dict(shape or (PAPER_SHAPE if dev.type == "cuda" else TINY_SHAPE))
     base = ModelConfig(**(shape if layers is None else {**shape, "n_layers": layers}))
@@ -102,20 +117,25 @@ def step_profile(device: str = "cuda", batches: Sequence[int] = (4, 16), seq_len
     for batch in batches:
         rows: dict[str, Any] = {}
         for label in labels:
+            skips = _cudagraph_skips()
             step = TrainStep(variants[label].config(base), batch, seq_len, dev, autocast,
                              compile_model=compile_model, compile_mode=compile_mode)
             timing = time_interleaved({label: step}, warmup, timed, dev)[label]  # one model alone
             rows[label] = {"wall_ms": timing.median_s * 1e3, **profile_step(step, dev, profiled)}
+            if compile_mode == "reduce-overhead":  # inductor may skip CUDA graphs with a warning only
+                rows[label]["cudagraph_skips"] = _cudagraph_skips() - skips
             if "device_busy_ms" in rows[label]:
                 rows[label]["busy_share"] = rows[label]["device_busy_ms"] / rows[label]["wall_ms"]
             del step
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-        for label in labels[1:]:
-            for key in ("wall_ms", "device_busy_ms", "kernels_per_step", "ops_per_step"):
-                if key in rows[label]:
-                    rows[label][f"{key}_vs_rope"] = rows[label][key] / rows["rope"][key]
-        out[f"batch_{batch}"] = rows
+            if label != "rope":
+                for key in ("wall_ms", "device_busy_ms", "kernels_per_step", "ops_per_step"):
+                    if key in rows[label]:
+                        rows[label][f"{key}_vs_rope"] = rows[label][key] / rows["rope"][key]
+            out[f"batch_{batch}"] = rows
+            if on_row is not None:
+                on_row(out)
     return out
 
 
@@ -138,9 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     compiled = args.compile or args.compile_mode is not None
     labels = args.variants.split(",") if args.variants else None
-    print(json.dumps(step_profile(args.device, batches, args.seq_len, compile_model=compiled,
-                                  compile_mode=args.compile_mode or "default", labels=labels, bf16=args.bf16,
-                                  layers=args.layers)))
+    # one JSON line after each variant, the results so far: a step cut at its time limit keeps
+    # what finished (the page reads the last line)
+    step_profile(args.device, batches, args.seq_len, compile_model=compiled,
+                 compile_mode=args.compile_mode or "default", labels=labels, bf16=args.bf16,
+                 layers=args.layers, on_row=lambda out: print(json.dumps(out), flush=True))
     return 0
 
 
