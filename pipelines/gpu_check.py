@@ -441,6 +441,7 @@ def _window(summary: dict) -> str:
     numbers = _numbers(summary)
     window = Path(summary["dir"])
     tables, by_length = window / "benchmark" / "efficiency.md", window / "sweep" / "sweep.md"
+    every = window / "benchmark-all" / "efficiency.md"
     return "\n".join([
         f"## Window {window.name}", "",
         f"`{summary['dir']}`: commit {env['commit']} on {env['device']} (driver {env['driver']}; "
@@ -449,6 +450,7 @@ def _window(summary: dict) -> str:
         "| check | verdict | wall time | log |", "|---|---|---|---|", *_outcome_rows(summary), "",
         *(["Numbers printed by the in-process steps:", "", *numbers, ""] if numbers else []),
         *([f"The efficiency benchmark's tables (paper Table 4's shape): `{tables}`.", ""] if tables.is_file() else []),
+        *([f"The benchmark of every encoding at that shape: `{every}`.", ""] if every.is_file() else []),
         *window_targets(window),
         *window_profiles(summary["outcomes"]),
         *([f"The attention operator by length: `{by_length}`.", ""] if by_length.is_file() else []),

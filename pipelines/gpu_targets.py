@@ -169,9 +169,11 @@ def sweep_targets_md(sweep: dict) -> list[str]:
 
 
 def window_targets(window: Path) -> list[str]:
-    """The targets tables of a window whose benchmark or sweep ran on a GPU, else nothing."""
+    """The targets tables of a window whose benchmark (the core suite's, else the measure suite's
+    of every encoding) or sweep ran on a GPU, else nothing."""
     out = []
-    path = window / "benchmark" / "efficiency.json"
+    path = next((p for p in (window / "benchmark" / "efficiency.json", window / "benchmark-all" / "efficiency.json")
+                 if p.is_file()), window / "benchmark" / "efficiency.json")
     if path.is_file():
         efficiency = json.loads(path.read_text())
         if str(efficiency.get("machine", {}).get("device", "")).startswith("cuda"):
@@ -215,6 +217,11 @@ def profile_md(profile: dict) -> list[str]:
             if label == "tape_fused" and row.get("wall_ms_vs_rope") is not None:
                 ratios.append((key.removeprefix("batch_"), row["wall_ms_vs_rope"], rows.get("rope", {}).get("busy_share")))
     lines.append("")
+    skipped = sorted({PROFILE_NAMES.get(label, label) for key, rows in profile.items() if key.startswith("batch_")
+                      for label, row in rows.items() if row.get("cudagraph_skips")})
+    if skipped:  # inductor only warns when it runs a graph without CUDA graphs
+        lines += [f"CUDA graphs were skipped for {', '.join(skipped)} (inductor's cudagraph_skips > 0): those "
+                  "rows ran compiled without graphs.", ""]
     if profile.get("device") == "cpu":  # a CPU profile counts aten operators instead
         return lines + ["(On a CPU the kernel columns count the aten operators a step dispatches.)", ""]
     for batch, ratio, share in ratios:

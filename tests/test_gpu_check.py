@@ -314,6 +314,12 @@ def test_the_page_renders_step_profiles_as_tables_and_judges_the_compiled_ratio(
     assert "| 4 | TAPE (auto) | 23.0 | 21.0 | 0.91 | 520 | 1.150 | 1.30 |" in text
     assert "Compiled TAPE / RoPE step time at batch 4: 1.150, target <= 1.1: missed" in text
     assert json.dumps(profile) not in text  # a table, not the raw line
+    assert "CUDA graphs were skipped" not in text
+    from pipelines.gpu_targets import profile_md
+
+    rows["tape_fused"]["cudagraph_skips"] = 2
+    graphs = {**profile, "compile_mode": "reduce-overhead"}
+    assert any(line.startswith("CUDA graphs were skipped for TAPE (auto)") for line in profile_md(graphs))
 
 
 def test_an_eager_profile_is_judged_only_where_ropes_device_is_busy() -> None:
@@ -555,6 +561,9 @@ def test_the_page_judges_the_efficiency_targets_from_a_gpu_benchmark(tmp_path: P
     assert window_targets(cpu_window) == [] and window_targets(tmp_path / "none") == []
     shutil.copytree(window, tmp_path / "gpu")
     assert window_targets(tmp_path / "gpu")[0] == "### Efficiency targets (TAPE / RoPE)"
+    measured = tmp_path / "measure"  # a measure-suite window: the benchmark of every encoding only
+    shutil.copytree(window / "benchmark", measured / "benchmark-all")
+    assert window_targets(measured)[0] == "### Efficiency targets (TAPE / RoPE)"
 
 
 def _fake_gpu(monkeypatch, steps: list[gpu_check.Check], code: str = "c0de") -> None:
