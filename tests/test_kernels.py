@@ -532,4 +532,18 @@ def test_the_sweep_reports_every_kernel_at_a_tiny_shape():
     assert set(out) == {"_fwd/float32/16", "_bwd_dkdvde/float32/16", "_bwd_dq/float32/16"}
     for row in out.values():
         assert row["best"] == {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 3}
-        assert row["best_ms"] > 0 and row["default_ms"] > 0
+        assert row["best_ms"] > 0 and row["default_ms"] > 0 and row["current_ms"] > 0
+    with pytest.raises(SystemExit):  # interpreter times say nothing about launch configurations
+        autotune.main(["--device", "cpu"])
+
+
+def test_untuned_launches_ignore_the_tuned_configs():
+    """The sweep's "default" was the TUNED entry once TUNED was filled: it compared the best
+    with itself, not with the kernels' own defaults."""
+    from tape.kernels import tuning
+
+    assert tuning.config("_bwd_dkdvde", torch.bfloat16, 128) == tuning.LaunchConfig(64, 64, 8, 2)
+    with tuning.untuned():
+        assert tuning.config("_bwd_dkdvde", torch.bfloat16, 128) is None
+        assert tuning.config("_bwd_dkdvde", torch.float32, 16) is None  # nor the spill-free ones
+    assert tuning.config("_bwd_dkdvde", torch.bfloat16, 128) == tuning.LaunchConfig(64, 64, 8, 2)

@@ -18,6 +18,7 @@ from tape.kernels.tuning import (
     LaunchConfig,
     dtype_name,
     forcing,
+    untuned,
 )
 
 
@@ -37,8 +38,10 @@ def sweep(dtype: torch.dtype, head_dim: int, batch: int = 2, heads: int = 16, n:
           device: str = "cuda", forward: tuple[LaunchConfig, ...] = FORWARD_CANDIDATES,
           backward: tuple[LaunchConfig, ...] = BACKWARD_CANDIDATES) -> dict[str, dict]:
     """Time each candidate of each kernel on (batch, heads, n, head_dim) inputs, the other
-    kernels at their defaults; per kernel the best, the default's time, and every candidate's
-    (None where it did not launch, e.g. out of shared memory)."""
+    kernels as the code launches them; per kernel the best, the kernels' own default's time
+    (``default_ms``: nothing tuned), the code's current choice's (``current_ms``: ``TUNED``), and
+    every candidate's (None where it did not launch, e.g. out of shared memory). A backward
+    kernel's times are the whole backward's (its two kernels and the Δ pass)."""
     gen = torch.Generator().manual_seed(0)
     q, k, v, e = (torch.randn(batch, heads, n, head_dim, generator=gen).to(device, dtype) for _ in range(4))
     o, oe, lse = attention_forward(q, k, v, e)
@@ -50,7 +53,9 @@ def sweep(dtype: torch.dtype, head_dim: int, batch: int = 2, heads: int = 16, n:
     }
     out = {}
     for kernel in KERNELS:
-        default_ms = _time_ms(run[kernel], device)
+        with untuned():
+            default_ms = _time_ms(run[kernel], device)
+        current_ms = _time_ms(run[kernel], device)
         times: dict[LaunchConfig, float | None] = {}
         for cfg in forward if kernel == "_fwd" else backward:
             try:
@@ -62,7 +67,8 @@ def sweep(dtype: torch.dtype, head_dim: int, batch: int = 2, heads: int = 16, n:
         best = min(ran, key=ran.__getitem__) if ran else None
         out[f"{kernel}/{dtype_name(dtype)}/{_block(head_dim)}"] = {
             "best": asdict(best) if best else None, "best_ms": ran[best] if best else None,
-            "default_ms": default_ms, "times_ms": {c.label: t for c, t in times.items()},
+            "default_ms": default_ms, "current_ms": current_ms,
+            "times_ms": {c.label: t for c, t in times.items()},
         }
     return out
 
@@ -79,6 +85,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=2048)
     p.add_argument("--device", default="cuda")
     args = p.parse_args(argv)
+    if args.device != "cuda":
+        p.exit(2, "python -m tape.kernels.autotune: --device cuda only: on a CPU the kernels run under "
+                  "Triton's interpreter, where launch configurations change nothing and times say nothing\n")
     out: dict[str, dict] = {}
     for name in args.dtypes.split(","):
         for head_dim in map(int, args.head_dims.split(",")):

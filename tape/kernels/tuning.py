@@ -58,6 +58,7 @@ BACKWARD_CANDIDATES = (
 )
 
 _FORCED: dict[str, LaunchConfig] = {}
+_UNTUNED: list[bool] = []  # inside ``untuned()``
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -94,6 +95,8 @@ precedence."""
 def config(kernel: str, dtype: torch.dtype, head_dim_tile: int) -> LaunchConfig | None:
     """The configuration for ``kernel`` at this dtype and head-dim tile, if any: the measured one
     (for fp16, bf16's when fp16 has none), else fp32's spill-free one."""
+    if _UNTUNED:
+        return None
     name = dtype_name(dtype)
     key = (kernel, name, head_dim_tile)
     return (TUNED.get(key) or TUNED.get((kernel, SAME_CODE.get(name, name), head_dim_tile))
@@ -103,6 +106,17 @@ def config(kernel: str, dtype: torch.dtype, head_dim_tile: int) -> LaunchConfig 
 def forced(kernel: str) -> LaunchConfig | None:
     """The configuration ``forcing`` imposes on ``kernel`` right now, if any."""
     return _FORCED.get(kernel)
+
+
+@contextlib.contextmanager
+def untuned() -> Iterator[None]:
+    """Launch with the kernels' own defaults (their blocks, warps 4, stages 3) inside the block,
+    ignoring ``TUNED`` and ``SPILL_FREE``: the sweep's baseline."""
+    _UNTUNED.append(True)
+    try:
+        yield
+    finally:
+        _UNTUNED.pop()
 
 
 @contextlib.contextmanager
