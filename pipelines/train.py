@@ -54,8 +54,9 @@ def check_settings(cfg: DictConfig) -> tasks.Task:
     on every job before the first one trains. Completes ``cfg`` in place (task.prepare) and
     returns the run's task."""
     task = tasks.get(cfg.task.name)
-    if task.runs_itself:  # context extension checks its stages' settings itself
+    if task.runs_itself:  # context extension: its stages' settings, not the trainer's
         check_compile(cfg, runs_itself=True)
+        task.validate(cfg)  # again in its run; here a sweep checks every job first
     else:
         check_trainer(cfg)
         task.prepare(cfg)  # e.g. fine-tuning adopts its pretrained run's model config

@@ -623,3 +623,14 @@ def test_misspelt_schedule_fails_before_anything_is_written(tmp_path):
     assert "base.schedule=cosin: choose one of" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "optim.schedule" not in done.stderr
     assert not list(tmp_path.rglob("*"))  # no run directory, no models folder
+
+
+def test_a_sweep_checks_every_jobs_stage_settings_before_the_first(tmp_path):
+    """check_settings skipped validate() for tasks that run themselves: in `-m base.steps=2,abc`
+    job 0 trained before job 1 was refused."""
+    from pipelines.preflight import preflight
+    from pipelines.train import check_settings
+
+    argv = ["-m", "experiment=context_extension/smoke", "base.steps=2,abc", f"paths.runs_dir={tmp_path}"]
+    with pytest.raises(PipelineConfigError, match=r"(?s)1 of the sweep's 2 jobs would fail.*base\.steps='abc'"):
+        preflight("config", argv, check_settings)
