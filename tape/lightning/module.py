@@ -103,11 +103,15 @@ class CausalLMModule(L.LightningModule):
         return (1, 1) if trainer is None else (trainer.accumulate_grad_batches, trainer.world_size)
 
     def _all_ranks(self, value: Tensor) -> Tensor:
-        """The sum of a per-rank value over the ranks (no host sync: a collective on the device)."""
-        value = value.to(torch.float32)
+        """The sum of a per-rank value over the ranks: a collective on the device, no host wait
+        (Lightning's ``strategy.reduce`` adds a barrier, which blocks the host on NCCL)."""
         if self._step_scale()[1] == 1:
-            return value
-        return self.trainer.strategy.reduce(value, reduce_op="sum")
+            return value.to(torch.float32)
+        import torch.distributed as dist
+
+        total = value.to(torch.float32, copy=True)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits, targets, mask = self._scored(batch)
