@@ -16,6 +16,7 @@ from omegaconf import open_dict
 
 pytest.importorskip("transformers")
 from conftest import compose_config  # noqa: E402
+from host_syncs import HostSyncs  # noqa: E402
 from wandb_records import offline_runs  # noqa: E402
 from pipelines.tasks.context_extension import run as extend, validate  # noqa: E402
 from pipelines.tasks.context_extension.data import (  # noqa: E402
@@ -251,41 +252,25 @@ def test_losses_average_text_and_passkey_tokens_separately():
     assert set(text_only) == {"text"} and weighted_loss(text_only, 2.0, logits) == text_only["text"]
     nll = torch.nn.functional.cross_entropy(logits[0, :2], labels[0, 1:])  # the text row's mean
     assert parts["text"].item() == pytest.approx(nll.item())
+    assert lr_factor(0, 10, 100, "constant") == pytest.approx(0.1) and lr_factor(50, 10, 100, "constant") == 1.0
+    assert lr_factor(100, 10, 100, "cosine", 0.1) == pytest.approx(0.1)
 
 
 def test_the_split_loss_waits_for_no_gpu_when_the_parts_are_known() -> None:
     """``mask.any()`` and ``nll[mask]`` made every context-extension step wait for the GPU; the
     module finds the scored parts on the host before the batch moves (issue 21.7)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from tape.hf.loss import scored_parts
     from tape.lightning import HFCausalLMModule
-
-    class Syncs(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.found: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-            name = func.overloadpacket.__name__
-            flat = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
-            if name in ("nonzero", "masked_select", "_local_scalar_dense", "is_nonzero") or (
-                    name in ("index", "index_put") and any(isinstance(a, torch.Tensor) and a.dtype == torch.bool
-                                                           for a in flat[1:])):
-                self.found.append(name)
-            return func(*args, **(kwargs or {}))
 
     logits = torch.randn(2, 3, 4, requires_grad=True)
     labels = torch.tensor([[1, 2, 3], [-100, -100, 1]])
     passkey = torch.tensor([False, True])
     batch = HFCausalLMModule.on_before_batch_transfer(None, {"labels": labels, "passkey": passkey}, 0)
     assert batch["scored_parts"] == scored_parts(labels, passkey) == ("text", "passkey")
-    with Syncs() as syncs:
+    with HostSyncs() as syncs:
         parts = split_losses(logits, labels, passkey, batch["scored_parts"])
         weighted_loss(parts, 1.0, logits).backward()
     assert syncs.found == [] and set(parts) == {"text", "passkey"}
-    assert lr_factor(0, 10, 100, "constant") == pytest.approx(0.1) and lr_factor(50, 10, 100, "constant") == 1.0
-    assert lr_factor(100, 10, 100, "cosine", 0.1) == pytest.approx(0.1)
 
 
 # ----------------------------------------------------------------------------- checks and presets

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from host_syncs import HostSyncs
 from tape.data.labels import IGNORE_INDEX
 from tape.lightning import CausalLMModule
 from tape.lightning.callbacks import TokensPerSecond
@@ -141,26 +142,10 @@ def test_compiled_training_steps_match_eager_and_validation_stays_eager(monkeypa
 def test_the_loss_asks_nothing_that_would_wait_for_the_gpu() -> None:
     """Issue 21.7: ``logits[mask]`` made every step wait for the GPU to count the mask. Ops whose
     output shape or value must come back to the host, recorded on CPU at the dispatcher."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Syncs(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.found: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-            name = func.overloadpacket.__name__
-            flat = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
-            if name in ("nonzero", "masked_select", "_local_scalar_dense", "is_nonzero") or (
-                    name in ("index", "index_put", "index_put_")
-                    and any(isinstance(a, torch.Tensor) and a.dtype == torch.bool for a in flat[1:])):
-                self.found.append(name)
-            return func(*args, **(kwargs or {}))
-
     m = module().train()
     m.log = lambda *a, **k: None  # type: ignore[method-assign]
     b = m.on_before_batch_transfer(batch(), 0)
-    with Syncs() as syncs:
+    with HostSyncs() as syncs:
         m.training_step(b, 0).backward()
     assert syncs.found == []
 
