@@ -21,6 +21,22 @@ def require_int(cfg: DictConfig, *keys: str, prefix: str = "") -> None:
             raise PipelineConfigError(f"{prefix}{key}={value!r} must be an integer")
 
 
+def is_number(value: object) -> bool:
+    """An int or a float, not a bool (YAML's true is an int to Python)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def require_multipliers(task: DictConfig, key: str, example: str) -> list[int]:
+    """``task.<key>``, a non-empty list of integers >= 1 (``[1,abc]`` is named, not a traceback)."""
+    value = task.get(key)
+    items = list(value) if OmegaConf.is_list(value) else None
+    if not items or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in items):
+        shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        raise PipelineConfigError(f"task.{key}={shown!r} must be a non-empty list of integers >= 1 "
+                                  f"(length multiples of task.seq_len), e.g. task.{key}={example}")
+    return items
+
+
 def check_optim(cfg: DictConfig) -> None:
     """optim.* values AdamW or the schedule would refuse, named before any directory exists."""
     if cfg.get("optim") is None:

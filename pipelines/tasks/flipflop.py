@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pipelines.config_checks import require_int
+from pipelines.config_checks import is_number, require_int, require_multipliers
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_model_vocab, check_position_range, model_config
 from pipelines.result_files import write_csv
@@ -20,17 +20,6 @@ from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
 from tape.data.flipflop import LOSS_ON, VOCAB_SIZE, eval_set, read_mask
 from tape.lightning.flipflop import FlipFlopDataModule
-
-
-def multipliers(t: DictConfig, key: str, example: str) -> list[int]:
-    """``task.<key>``, a non-empty list of integers >= 1 (``[1,abc]`` is named, not a traceback)."""
-    value = t.get(key)
-    items = list(value) if OmegaConf.is_list(value) else None
-    if not items or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in items):
-        shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
-        raise PipelineConfigError(f"task.{key}={shown!r} must be a non-empty list of integers >= 1 "
-                                  f"(length multiples of task.seq_len), e.g. task.{key}={example}")
-    return items
 
 
 def validate(cfg: DictConfig) -> None:
@@ -50,11 +39,10 @@ def validate(cfg: DictConfig) -> None:
         raise PipelineConfigError(f"task.eval_p_ignore={t.get('eval_p_ignore')!r} must map each test sparsity's "
                                   "name to its P(ignore), e.g. task.eval_p_ignore={sparse:0.98,dense:0.1}")
     for key, value in {"p_ignore": t.p_ignore, **{f"eval_p_ignore.{k}": v for k, v in t.eval_p_ignore.items()}}.items():
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not (number and 0.0 <= value < 1.0):
+        if not (is_number(value) and 0.0 <= value < 1.0):
             raise PipelineConfigError(f"task.{key}={value!r} must be a number in [0, 1)")
-    mults = multipliers(t, "eval_multipliers", "[1,2,3,4]")
-    if not set(multipliers(t, "primary_multipliers", "[2,3]")) <= set(mults):
+    mults = require_multipliers(t, "eval_multipliers", "[1,2,3,4]")
+    if not set(require_multipliers(t, "primary_multipliers", "[2,3]")) <= set(mults):
         raise PipelineConfigError(f"task.primary_multipliers={list(t.primary_multipliers)} must be "
                                   f"among task.eval_multipliers={mults}")
     mc = model_config(cfg)

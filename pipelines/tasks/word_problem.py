@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, open_dict
 
+from pipelines.config_checks import require_multipliers
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_model_vocab, check_position_range, model_config
 from pipelines.result_files import write_csv
@@ -59,9 +60,7 @@ def validate(cfg: DictConfig) -> None:
             raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
     if not isinstance(t.bos, bool):
         raise PipelineConfigError(f"task.bos={t.bos!r} must be true or false")
-    mults = list(t.eval_multipliers)
-    if not mults or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in mults):
-        raise PipelineConfigError(f"task.eval_multipliers={mults} must be a non-empty list of ints >= 1")
+    mults = require_multipliers(t, "eval_multipliers", "[1,2,4]")
     if 1 not in mults:
         raise PipelineConfigError(f"task.eval_multipliers={mults} must include 1 (token_accuracy is the 1x value)")
     if t.vocab_size is None:

@@ -35,7 +35,7 @@ from pipelines.tasks.context_extension.stages import (
     DTYPES, base_stage, evaluate_stage, passkey_check, recipe_spec, recipe_stage,
 )
 from pipelines import wandb_log
-from pipelines.config_checks import require_int
+from pipelines.config_checks import is_number, require_int
 from pipelines.errors import PipelineConfigError
 from pipelines.result_files import write_csv, write_json_once
 from pipelines.run_dirs import claim_run_dir, is_rank_zero
@@ -87,10 +87,6 @@ SECTION_INTS = {
 OPTIM_KEYS = ("lr", "betas", "weight_decay", "warmup_steps", "schedule", "min_lr_ratio")  # as optim.*
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def check_section(cfg: DictConfig, section: str) -> None:
     """The value types and ranges of ``base.*`` or ``extend.*`` (``extend.steps=abc``,
     ``base.schedule=cosin``), named as on the command line before anything trains."""
@@ -102,7 +98,7 @@ def check_section(cfg: DictConfig, section: str) -> None:
     values = OmegaConf.to_container(s, resolve=True)
     optim = {k: values[k] for k in OPTIM_KEYS if k in values}
     betas = optim.get("betas", [0.9, 0.95])
-    if not (isinstance(betas, list) and len(betas) == 2 and all(_is_number(b) for b in betas)):
+    if not (isinstance(betas, list) and len(betas) == 2 and all(is_number(b) for b in betas)):
         raise PipelineConfigError(f"{section}.betas={betas!r} must be two numbers in [0, 1), e.g. "
                                   f"{section}.betas=[0.9,0.95]")
     problems = type_problems(optim_problems, optim) or optim_problems(**optim)
@@ -112,7 +108,7 @@ def check_section(cfg: DictConfig, section: str) -> None:
         value = values.get(key)
         if key == "grad_clip" and value is None:
             continue  # no clipping
-        if not (_is_number(value) and value >= 0):  # nan too
+        if not (is_number(value) and value >= 0):  # nan too
             raise PipelineConfigError(f"{section}.{key}={value!r} must be a number >= 0"
                                       + (" (or null: no clipping)" if key == "grad_clip" else ""))
     if section == "extend":
