@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import PipelineConfigError
 from pipelines.fits import check_fits
-from pipelines.precision import evaluation_precision
+from pipelines.precision import evaluation_precision, training_precision
 from tape.typecheck import type_problems
 
 
@@ -81,6 +81,7 @@ def check_trainer(cfg: DictConfig) -> None:
     check_optim(cfg)
     check_compile(cfg)
     check_fits(cfg)
+    training_precision(cfg)
     if cfg.get("evaluate", True):
         evaluation_precision(cfg)
     require_int(cfg, "seed", "trainer.max_steps", "trainer.val_check_interval",

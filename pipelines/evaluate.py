@@ -30,7 +30,7 @@ from pipelines.entry import run_entry, task_wrapper
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import CONF_DIR, instantiate_group
 from pipelines.models import check_position_range
-from pipelines.precision import device_default, eval_autocast, evaluation_precision
+from pipelines.precision import device_default, eval_autocast, evaluation_precision, known_precision
 from pipelines.result_files import write_json_once
 from pipelines.run_dirs import claim_run_dir
 from pipelines.run_source import RunSource, open_run
@@ -155,6 +155,8 @@ def check_settings(cfg: DictConfig) -> None:
     them on every job before the first one evaluates."""
     if (problem := run_dir_problem([f"run_dir={cfg.run_dir}"])) is not None:
         raise PipelineConfigError(problem)
+    if str(cfg.precision) != "auto":
+        known_precision(str(cfg.precision), "precision", "auto, 32, bf16-mixed or 16-mixed")
     if cfg.task.get("name") is not None:
         return
     source = open_run(Path(cfg.run_dir), str(cfg.ckpt), cfg.get("stage"))

@@ -9,7 +9,8 @@ from typing import ContextManager
 from pipelines.errors import PipelineConfigError
 
 AUTOCAST = ("bf16-mixed", "16-mixed")
-FULL = ("32", "32-true", "64", "64-true")
+FULL = ("32", "32-true")  # fp64 is not offered: trainable weights are fp32 (tape.schedule refuses others)
+TRAINER_CHOICES = "32-true, bf16-mixed or 16-mixed"
 
 
 def known_precision(precision: str, key: str, choices: str) -> str:
@@ -20,12 +21,18 @@ def known_precision(precision: str, key: str, choices: str) -> str:
     return precision
 
 
+def training_precision(cfg) -> str:
+    """``trainer.precision`` when the weights train in fp32 (autocast lowers the rest); else the
+    error naming the choices, before training starts (``check_trainer``)."""
+    return known_precision(str(cfg.trainer.precision), "trainer.precision", TRAINER_CHOICES)
+
+
 def evaluation_precision(cfg) -> str:
     """The precision of ``pipelines.train``'s evaluation: ``eval_precision``, else the trainer's;
     an unknown value is named before training starts (``check_trainer``)."""
     value = cfg.get("eval_precision")
     if value is None:
-        return known_precision(str(cfg.trainer.precision), "trainer.precision", "32-true, bf16-mixed or 16-mixed")
+        return training_precision(cfg)
     return known_precision(str(value), "eval_precision", "null (the trainer's), 32, bf16-mixed or 16-mixed")
 
 

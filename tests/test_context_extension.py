@@ -362,6 +362,7 @@ def test_a_pretrained_model_is_not_fed_the_books_bpe(tmp_path):
     ("base.checkpoint_every=0", "base.checkpoint_every=0 must be >= 1"),
     ("model.frozen_dtype=bfloat16", "model.frozen_dtype=bfloat16 stores frozen weights .* trainer.precision=bf16-mixed"),
     ("trainer.precision=bf16-true", "trainer.precision=bf16-true would train the weights in low precision"),
+    ("trainer.precision=64-true", "trainer.precision=64-true: choose"),
 ])
 def test_impossible_settings_name_their_key(override, key):
     with pytest.raises(PipelineConfigError, match=key.replace("[", r"\[")):

@@ -339,6 +339,8 @@ def test_evaluation_precision_follows_the_request() -> None:
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
     with pytest.raises(PipelineConfigError, match="precision=bf16: choose"):
         eval_autocast("cpu", "bf16")
+    with pytest.raises(PipelineConfigError, match="precision=64: choose"):  # would evaluate fp32 weights
+        eval_autocast("cpu", "64")
 
 
 def test_reevaluation_defaults_to_the_precision_the_run_evaluated_at(tmp_path: Path) -> None:
@@ -429,9 +431,10 @@ def test_a_sweep_evaluates_into_the_runs_eval_dir_and_a_failure_leaves_nothing(
     out = cli("task.examples_per_cell=-1")
     assert out.returncode != 0 and "task.examples_per_cell=-1 must be >= 1" in out.stderr
     assert not (run / "eval").exists()
-    out = cli("-m", "task.examples_per_cell=1,-2")
-    assert out.returncode != 0 and "1 of the sweep's 2 jobs would fail their checks, so none was started" in out.stderr
-    assert not (run / "eval").exists() and not any(cwd.iterdir())
+    for sweep in ("task.examples_per_cell=1,-2", "precision=32,64"):
+        out = cli("-m", sweep)
+        assert out.returncode != 0 and "1 of the sweep's 2 jobs would fail their checks, so none was started" in out.stderr
+        assert not (run / "eval").exists() and not any(cwd.iterdir())
     out = cli("-m", "task.examples_per_cell=1,2")
     assert out.returncode == 0, out.stderr[-2000:]
     evals = sorted((run / "eval").iterdir())

@@ -443,6 +443,17 @@ def test_an_unknown_eval_precision_is_refused_before_training(make_cfg) -> None:
         train(make_cfg("pe=rope", "trainer.precision=bf17", name="typo"))
 
 
+@pytest.mark.parametrize("overrides", [["trainer.precision=64-true"], ["trainer.precision=64-true", "evaluate=false"],
+                                       ["eval_precision=64"]])
+def test_fp64_is_refused_before_training(make_cfg, overrides) -> None:
+    """64-true crashed at the optimizer after the run dir was claimed (weights train in fp32), and
+    eval_precision=64 evaluated the fp32 weights while labelled fp64."""
+    cfg = make_cfg("pe=rope", *overrides)
+    with pytest.raises(PipelineConfigError, match=r"precision=64(-true)?: choose"):
+        train(cfg)
+    assert not Path(cfg.paths.output_dir).exists()
+
+
 def test_an_evaluations_summary_names_the_run_it_read() -> None:
     from pipelines.summaries import run_summary
 

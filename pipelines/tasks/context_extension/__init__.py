@@ -37,6 +37,7 @@ from pipelines.tasks.context_extension.stages import (
 from pipelines import wandb_log
 from pipelines.config_checks import is_number, require_int
 from pipelines.errors import PipelineConfigError
+from pipelines.precision import training_precision
 from pipelines.result_files import write_csv, write_json_once
 from pipelines.run_dirs import claim_run_dir, is_rank_zero
 from pipelines.tasks import register
@@ -58,6 +59,7 @@ def _check_precision(cfg: DictConfig) -> None:
             "lr 2e-5 vanish below half a bf16 ulp); use trainer.precision=bf16-mixed (autocast, fp32 "
             "weights and optimizer state) and model.frozen_dtype=float16 (a fp16 checkpoint's own dtype) or "
             "bfloat16 to store frozen weights small")
+    training_precision(cfg)  # e.g. 64-true: trainable weights are fp32
     frozen = cfg.model.frozen_dtype
     if frozen not in DTYPES:
         raise PipelineConfigError(f"model.frozen_dtype={frozen}: choose one of {list(DTYPES)}")
