@@ -434,6 +434,10 @@ def _numbers(summary: dict) -> list[str]:
     return lines
 
 
+FULL_SQUARE = ("TFLOP/s in these tables count attention over the full N x N score matrix (Table 3's convention, "
+               "tape/bench/flops.py): a causal kernel does about half that attention work.")
+
+
 def _window(summary: dict) -> str:
     """One device window: where it ran, then one row per step."""
     env = summary["environment"]
@@ -451,6 +455,7 @@ def _window(summary: dict) -> str:
         *(["Numbers printed by the in-process steps:", "", *numbers, ""] if numbers else []),
         *([f"The efficiency benchmark's tables (paper Table 4's shape): `{tables}`.", ""] if tables.is_file() else []),
         *([f"The benchmark of every encoding at that shape: `{every}`.", ""] if every.is_file() else []),
+        *([FULL_SQUARE, ""] if tables.is_file() or every.is_file() or by_length.is_file() else []),
         *window_targets(window),
         *window_profiles(summary["outcomes"]),
         *([f"The attention operator by length: `{by_length}`.", ""] if by_length.is_file() else []),

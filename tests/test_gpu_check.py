@@ -252,6 +252,7 @@ def test_the_page_names_the_window_where_it_lies_and_its_benchmark_tables(tmp_pa
     text = (tmp_path / "gpu.md").read_text()
     assert "/device/out" not in text and f"`{window}`: commit" in text
     assert f"`{window / 'benchmark' / 'efficiency.md'}`" in text and "by length" not in text
+    assert gpu_check.FULL_SQUARE in text  # the TFLOP/s of a causal kernel count the whole square
     (window / "sweep").mkdir()
     (window / "sweep" / "sweep.md").write_text("# by length\n")
     gpu_check.render([window], tmp_path / "gpu.md")
