@@ -88,6 +88,23 @@ def test_a_token_file_of_another_vocabulary_is_named(tmp_path):
         perplexity.rows(model, task)
 
 
+def test_protocol_note_names_a_run_that_scored_every_window():
+    """A pretraining run with eval_max_windows=null scored every window: a re-evaluation at another
+    stride says so (it was taken for a non-pretraining run, with no note)."""
+    from omegaconf import OmegaConf
+
+    from pipelines.tasks import perplexity
+
+    source = type("Source", (), {"run_cfg": OmegaConf.create({"task": {"eval_max_windows": None, "eval_stride": 64}}),
+                                 "context": 16})()
+    task = OmegaConf.create({"corpora": {"heldout": "x.bin"}, "lengths": [16], "max_windows": None, "stride": 256})
+    perplexity.adopt(task, source, None)
+    note = perplexity.protocol_note(task, [{"windows": 3}])
+    assert "the run's own ppl_<m>x used every window at stride 64" in note and "task.max_windows=null" in note
+    task.stride = 64
+    assert perplexity.protocol_note(task, [{"windows": 3}]) == ""
+
+
 def test_missing_token_file_says_how_to_get_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="pg19/test.bin"):
         load_token_file(tmp_path / "pg19.bin")

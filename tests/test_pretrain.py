@@ -48,6 +48,18 @@ def test_smoke_pretrain_reports_perplexity_at_each_length(pe, make_cfg, data_dir
                for r in rows)
 
 
+def test_null_eval_max_windows_scores_every_window(make_cfg, data_dir) -> None:
+    """conf/task/pretrain.yaml documents null as every window; validate refused it as a non-integer."""
+    from tape.metrics.perplexity import window_starts
+
+    cfg = pretrain_cfg(make_cfg, data_dir, "pe=rope", "task.eval_max_windows=null", "task.eval_multipliers=[1]")
+    train(cfg)
+    with open(Path(cfg.paths.output_dir) / "perplexity.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    every = window_starts(len(pretrain.heldout_tokens(cfg.task)), int(row["length"]), int(cfg.task.eval_stride))
+    assert int(row["windows"]) == len(every) > 2  # the smoke preset's own cap is 2
+
+
 def test_pretraining_learns_the_corpus(make_cfg, data_dir) -> None:
     cfg = pretrain_cfg(make_cfg, data_dir, "pe=rope", "trainer.max_steps=60",
                        "trainer.val_check_interval=30", "optim.lr=3e-3", "task.batch_size=8")

@@ -39,7 +39,7 @@ def adopt(task_cfg: DictConfig, source: Any, out_dir: Path) -> None:
         if task_cfg.lengths is None:
             task_cfg.lengths = [m * source.context for m in (1, 2, 4)]
         run_task = source.run_cfg.task if source.run_cfg is not None else {}
-        if run_task.get("eval_max_windows") is not None:  # a pretraining run: for protocol_note
+        if "eval_max_windows" in run_task:  # a pretraining run (null: every window): for protocol_note
             task_cfg.run_eval = {"max_windows": run_task.get("eval_max_windows"),
                                  "stride": run_task.get("eval_stride")}
 
@@ -51,9 +51,11 @@ def protocol_note(task_cfg: DictConfig, results: list[dict[str, Any]]) -> str:
         return ""
     counts = sorted({int(r["windows"]) for r in results})
     windows = "every window" if task_cfg.max_windows is None else f"{task_cfg.max_windows} windows"
+    own_windows = "every window" if own.max_windows is None else f"{own.max_windows} evenly spread windows"
+    own_value = "null" if own.max_windows is None else own.max_windows
     return (f"protocol: {windows} at stride {task_cfg.stride} ({counts[0]}-{counts[-1]} a length); the "
-            f"run's own ppl_<m>x used {own.max_windows} evenly spread windows at stride {own.stride}, so "
-            f"the two differ by design (task.max_windows={own.max_windows} task.stride={own.stride} "
+            f"run's own ppl_<m>x used {own_windows} at stride {own.stride}, so "
+            f"the two differ by design (task.max_windows={own_value} task.stride={own.stride} "
             "reproduces them)")
 
 

@@ -42,7 +42,9 @@ def validate(cfg: DictConfig) -> None:
     t = cfg.task
     if t.corpus not in CORPORA:
         raise PipelineConfigError(f"task.corpus={t.corpus!r}; choose one of {list(CORPORA)}")
-    ints = ("seq_len", "batch_size", "val_blocks", "eval_max_windows", "eval_stride")
+    ints = ("seq_len", "batch_size", "val_blocks", "eval_stride")
+    if t.eval_max_windows is not None:  # null scores every window
+        ints = (*ints, "eval_max_windows")
     require_int(cfg, *(f"task.{key}" for key in (*ints, "vocab_size")))
     for key in ints:
         if int(t[key]) < 1:
@@ -204,7 +206,7 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
         out = sliding_window_perplexity(
             model, tokens, length, stride=int(task_cfg.eval_stride),
             batch_size=max(1, int(task_cfg.eval_batch_tokens) // length),
-            max_windows=int(task_cfg.eval_max_windows),
+            max_windows=None if task_cfg.eval_max_windows is None else int(task_cfg.eval_max_windows),
         )
         metrics[f"ppl_{mult}x"] = out["perplexity"]
         rows.append({"multiplier": int(mult), "length": length, **out})
