@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from tape.data.corpus import Document, kjv_books, load_corpus, shakespeare_plays, split_documents
 from tape.data.text import TokenBlockStream, prepare_text_data, spread_blocks
-from tape.data.tokenizer import BPETokenizer, train_bpe
+from tape.data.tokenizer import BPETokenizer, load_tokenizer, train_bpe
 
 WORDS = "the king and queen of the land spake unto them saying come hither now 12 345".split()
 
@@ -72,6 +72,10 @@ def test_bpe_save_load_and_transformers_view_agree(small_bpe, tmp_path):
     assert again.encode(text) == small_bpe.encode(text)
     hf = small_bpe.to_transformers()
     assert hf(text, add_special_tokens=False)["input_ids"] == small_bpe.encode(text)
+    hf.save_pretrained(tmp_path / "hf")  # as passkey's task.tokenizer=<dir> loads it
+    literal = "a literal <s> and </s> and <pad> in a document"
+    assert load_tokenizer(tmp_path / "hf").encode(literal) == small_bpe.encode(literal) != []
+    assert not {0, 1, 2} & set(small_bpe.encode(literal))  # special ids only where the pipeline adds them
     assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id) == (0, 1, 2)
     with pytest.raises(FileNotFoundError):
         BPETokenizer.load(tmp_path / "missing.json")

@@ -57,8 +57,9 @@ class BPETokenizer:
         """The same vocabulary as a ``transformers.PreTrainedTokenizerFast``."""
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, pad_token=PAD,
-                                       bos_token=BOS, eos_token=EOS, unk_token=None)
+        return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, pad_token=PAD, bos_token=BOS,
+                                       eos_token=EOS, unk_token=None,
+                                       split_special_tokens=True)  # literal "<s>" is text, as in encode()
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
