@@ -392,3 +392,56 @@ def test_an_exploratory_claim_with_a_paper_effect_is_refused(tmp_path: Path) -> 
     with pytest.raises(ValueError, match=rf"claim {claim['id']}: an exploratory claim is described, never "
                                          r"judged, so its paper_effect cannot be tested: remove paper_effect"):
         load_claims(path)
+
+
+def c1_runs(runs: Path, seeds: range, ood: dict[tuple[str, int], float] | None = None,
+            model: dict[tuple[str, int], dict] | None = None) -> None:
+    """C1's primary arms (TAPE + Abacus, RoPE + Abacus): TAPE 3 points better at every seed, but
+    for the values and model settings given per (pe, seed)."""
+    for seed in seeds:
+        for j, (pe, cfg_pe) in enumerate((("rope", {"name": "rope"}), ("tape", TAPE_PE))):
+            cfg = c1_config(cfg_pe, abacus=True)
+            cfg["model"].update((model or {}).get((pe, seed), {}))
+            value = (ood or {}).get((pe, seed), 10.0 + seed + 3 * j + 0.1 * (seed % 3) * j)
+            make_run(runs, "addition_c1/cpu", pe, seed, f"20261123-10000{seed}-eeeeee-{j}",
+                     {"task": "addition", "ood_accuracy": value, "in_distribution_accuracy": 99.0}, cfg)
+
+
+def test_a_seed_with_a_non_finite_metric_is_left_out_and_named(tmp_path: Path) -> None:
+    """A NaN value (a diverged run) became Δ +nan with p 0, and Holm over a NaN reordered the
+    other comparisons' p-values."""
+    runs = tmp_path / "runs"
+    c1_runs(runs, range(8), ood={("tape", 3): float("nan")})
+    render(runs, tmp_path / "results")
+    c1 = rows(tmp_path / "results" / "tables" / "claims_all.csv")["C1"]
+    assert c1["n paired seeds (planned)"] == "7 (planned 8)" and c1["effect Δ [95 % CI]"].startswith("Δ +3.")
+    assert "nan" not in c1["effect Δ [95 % CI]"] + c1["verdict"]
+    assert c1["verdict"].startswith("**better**") and "1 seed(s) left out, ood_accuracy not finite (NaN or inf: 3)" in c1["verdict"]
+    arms = {r["arm"]: r for r in csv.DictReader(open(tmp_path / "results" / "tables" / "claims_arms.csv", newline=""))}
+    assert arms["TAPE + Abacus"]["seeds"] == "0, 1, 2, 4, 5, 6, 7 (left out: 3 ood_accuracy not finite)"
+
+
+def test_below_six_pairs_the_answer_does_not_speak_of_the_papers_effect(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    c1_runs(runs, range(3))
+    render(runs, tmp_path / "results")
+    headline = {r["claim"].split(":")[0]: r for r in csv.DictReader(open(tmp_path / "results" / "tables" / "claims.csv"))}
+    answer = headline["C1"]["answer at this scale"]
+    assert answer.startswith("not answered yet") and "the paper's effect is not tested yet (n < 6)" in answer
+    assert "not excluded" not in answer
+
+
+def test_pairs_that_differ_in_more_than_the_arms_are_flagged(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    """Each arm pools only runs of one setting, but nothing checked that the two arms' settings
+    agree beyond the PE and the arms' own keys (here every RoPE run has another Abacus offset)."""
+    c1_runs(runs, range(8), model={("rope", s): {"abacus_max_offset": 20} for s in range(8)})
+    render(runs, tmp_path / "results")
+    c1 = rows(tmp_path / "results" / "tables" / "claims_all.csv")["C1"]
+    assert c1["n paired seeds (planned)"] == "8 (planned 8)"
+    assert ("**not like for like**: the arms' runs also differ (first vs second) in model.abacus_max_offset=10 vs 20 at seed(s) "
+            "0, 1, 2, 3, 4, 5, 6, 7") in c1["verdict"]
+    runs_alike = tmp_path / "alike"
+    c1_runs(runs_alike, range(8))
+    render(runs_alike, tmp_path / "alike-results")
+    assert "like for like" not in rows(tmp_path / "alike-results" / "tables" / "claims_all.csv")["C1"]["verdict"]

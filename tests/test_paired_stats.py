@@ -52,6 +52,15 @@ def test_holm_hand_worked() -> None:
     assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
 
 
+def test_holm_and_sign_flip_refuse_nan() -> None:
+    """holm([0.01, nan, 0.04, 0.001]) gave [0.04, 1, 1, 1] (a NaN reorders the others); the
+    sign-flip test gave p = 0 for a NaN difference."""
+    with pytest.raises(ValueError, match="NaN"):
+        holm([0.01, math.nan, 0.04, 0.001])
+    with pytest.raises(ValueError, match="non-finite"):
+        sign_flip_pvalue(np.array([1.0, math.nan, 2.0]))
+
+
 def test_wilson_by_hand() -> None:
     assert wilson_interval(8, 10) == pytest.approx((0.490, 0.943), abs=5e-4)
     z2 = 1.959963984540054 ** 2

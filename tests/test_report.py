@@ -169,6 +169,10 @@ def test_summarize_mean_and_sample_std() -> None:
     one = summarize([41.0])
     assert isinstance(one, Summary) and one.std is None and one.format() == "41.00"
     assert isinstance(summarize([]), Missing) and isinstance(summarize([float("nan")]), Missing)
+    assert summarize([float("nan")]).format() == "no finite value (1 non-finite)"
+    kept = summarize([20.0, float("nan"), 30.0, float("inf")])  # the seeds column counts 4 runs
+    assert (kept.n, kept.nonfinite, kept.mean) == (2, 2, 25.0)
+    assert kept.format() == "25.00 ± 7.07 (n = 2; 2 non-finite left out)"
 
 
 def test_addition_mean_std_over_seeds_newest_run_per_seed(rendered: tuple[Path, Path]) -> None:

@@ -12,6 +12,7 @@ config values the arm names.
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Collection, Mapping
@@ -28,6 +29,7 @@ from tape.report.paired import (DESCRIBED, MIN_VERDICT_PAIRS, Comparison, Metric
 from tape.report.paper import display
 from tape.report.provenance import provenance_brief, provenance_line
 from tape.report.runs import Run
+from tape.report.settings import NOT_SETTINGS, describe, differences
 from tape.report.tables import Table, to_markdown
 
 CLAIMS_FILE = Path(__file__).resolve().parents[2] / "conf" / "claims.yaml"
@@ -282,6 +284,7 @@ class ClaimResult:
     unpaired: int = 0  # finished runs of the claim's arms that lack the required values (paired_init)
     arm_runs: dict[str, list[Run]] = field(default_factory=dict)  # the runs each arm used
     invalid: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # per comparison: seeds left out
+    nonfinite: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # ... whose metric is NaN or inf
     # per comparison, the seeds left out for a positive control (claim ``controls``), each with
     # the controls it lacks, "<arm> at <setting>": a control run below ``controls.valid``...
     control_failed: dict[tuple[str, str], dict[int, list[str]]] = field(default_factory=dict)
@@ -297,12 +300,14 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
     metric = cfg.metrics[claim.metric]
     require = {**cfg.require, **claim.settings}  # what a run of any of the claim's arms must have
     values, used, arm_runs, invalid, failed, missing, control_runs = {}, [], {}, {}, {}, {}, {}
+    nonfinite: dict[str, set[int]] = {}
     for name in claim.arm_names:
         values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, metric, require,
                                          claim.planned_seeds)
         used += found
         arm_runs[name] = found
-        invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid)}
+        nonfinite[name] = {s for s, v in values[name].items() if not math.isfinite(v)}  # e.g. a diverged run
+        invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid)} - nonfinite[name]
         failed[name], missing[name], control_runs[name] = control_results(claim, cfg.arms[name], runs, require,
                                                                           set(values[name]))
         used += [r for rs in control_runs[name].values() for r in rs]
@@ -310,18 +315,21 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
     pairs = list(enumerate((claim.primary, *claim.secondary, *claim.describe)))
     left_out = {name: {**{s: "a control not run" for s in missing[name]},  # per arm: {seed: why}
                        **{s: "a control failed" for s in failed[name]},
-                       **{s: "invalid" for s in invalid[name]}} for name in claim.arm_names}
+                       **{s: "invalid" for s in invalid[name]},
+                       **{s: f"{metric.key} not finite" for s in nonfinite[name]}}
+                for name in claim.arm_names}
     out = {name: set(seeds) for name, seeds in left_out.items()}
     comparisons = [compare(_without(values[t], out[t] | out[b]), _without(values[b], out[t] | out[b]),
                            metric, (t, b), primary=i == 0, tested=i < tested)
                    for i, (t, b) in pairs]
-    dropped, control_failed, control_missing = {}, {}, {}
-    for _, (t, b) in pairs:  # each seed left out once: its own runs invalid, else a control failed, else missing
+    dropped, not_finite, control_failed, control_missing = {}, {}, {}, {}
+    for _, (t, b) in pairs:  # each seed left out once: not finite, else invalid, else a control failed, else missing
         both = set(values[t]) & set(values[b])
-        dropped[t, b] = sorted((invalid[t] | invalid[b]) & both)
-        control_failed[t, b] = _lacking(sorted(both - set(dropped[t, b])), failed, (t, b), cfg)
-        control_missing[t, b] = _lacking(sorted(both - set(dropped[t, b]) - set(control_failed[t, b])),
-                                         missing, (t, b), cfg)
+        not_finite[t, b] = sorted((nonfinite[t] | nonfinite[b]) & both)
+        dropped[t, b] = sorted((invalid[t] | invalid[b]) & both - set(not_finite[t, b]))
+        kept = both - set(dropped[t, b]) - set(not_finite[t, b])
+        control_failed[t, b] = _lacking(sorted(kept), failed, (t, b), cfg)
+        control_missing[t, b] = _lacking(sorted(kept - set(control_failed[t, b])), missing, (t, b), cfg)
     arms = [cfg.arms[name] for name in values]
     unpaired = sum(1 for r in runs if r.finished and r.experiment == claim.experiment
                    and any(a.matches(r, claim.settings) for a in arms)
@@ -331,8 +339,8 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
         decided = [replace(c, verdict=DESCRIBED, reason=f"exploratory, p = {c.p_adjusted:.3g}: the reading was "
                            "chosen after seeing earlier runs; a claim on fresh seeds confirms it or not")
                    if c.n >= MIN_VERDICT_PAIRS else c for c in decided]
-    return ClaimResult(claim, decided, values, used, unpaired, arm_runs, dropped, control_failed, control_missing,
-                       control_runs, left_out)
+    return ClaimResult(claim, decided, values, used, unpaired, arm_runs, dropped, not_finite, control_failed,
+                       control_missing, control_runs, left_out)
 
 
 def control_results(claim: Claim, arm: Arm, runs: list[Run], require: Mapping[str, Any], seeds: set[int]
@@ -353,6 +361,21 @@ def control_results(claim: Claim, arm: Arm, runs: list[Run], require: Mapping[st
             elif not is_valid(done[seed], claim.controls.valid):
                 failed.setdefault(seed, []).append(Controls.label(setting))
     return failed, missing, found
+
+
+def _unlike(result: ClaimResult, c: Comparison, cfg: ClaimsConfig) -> list[tuple[dict[str, Any], list[int]]]:
+    """The paired seeds whose two runs differ in more than the PE and the arms' own keys
+    (NOT_SETTINGS aside), grouped by the treatment's differing values; [] when like for like."""
+    runs = {name: {r.seed: r for r in result.arm_runs.get(name, [])} for name in (c.treatment, c.baseline)}
+    ignore = (*NOT_SETTINGS, "pe", *cfg.arms[c.treatment].match, *cfg.arms[c.baseline].match)
+    by_diff: dict[str, tuple[dict[str, Any], list[int]]] = {}
+    for seed in c.seeds:
+        t, b = runs[c.treatment].get(seed), runs[c.baseline].get(seed)
+        if t is not None and b is not None and (diff := differences(t.config(), b.config(), ignore)):
+            theirs = differences(b.config(), t.config(), ignore)
+            both = {k: f"{v} vs {theirs[k]}" for k, v in diff.items()}  # treatment's vs baseline's
+            by_diff.setdefault(repr(sorted(both.items())), (both, []))[1].append(seed)
+    return list(by_diff.values())
 
 
 def _lacking(seeds: list[int], by_arm: Mapping[str, Mapping[int, list[str]]], pair: Pair,
@@ -389,8 +412,11 @@ def _verdict(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool)
     pair = (c.treatment, c.baseline)
     dropped = result.invalid.get(pair, [])
     failed, missing = result.control_failed.get(pair, {}), result.control_missing.get(pair, {})
-    reasons = [f"{len(dropped)} seed(s) invalid, left out ({', '.join(str(s) for s in dropped)}: "
-               + " or ".join(f"{k} < {v:g}" for k, v in claim.valid.items()) + ")"] if dropped else []
+    not_finite = result.nonfinite.get(pair, [])
+    reasons = [f"{len(not_finite)} seed(s) left out, {metric.key} not finite (NaN or inf: "
+               f"{', '.join(str(s) for s in not_finite)})"] if not_finite else []
+    reasons += [f"{len(dropped)} seed(s) invalid, left out ({', '.join(str(s) for s in dropped)}: "
+                + " or ".join(f"{k} < {v:g}" for k, v in claim.valid.items()) + ")"] if dropped else []
     if failed:
         assert claim.controls is not None
         reasons.append(f"{len(failed)} seed(s) left out, a positive control failed ("
@@ -399,8 +425,11 @@ def _verdict(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool)
     if missing:
         reasons.append(f"{len(missing)} seed(s) left out, a positive control not run: "
                        + "; ".join(f"{s}: {', '.join(what)}" for s, what in missing.items()))
+    if unlike := _unlike(result, c, cfg):
+        reasons.append("**not like for like**: the arms' runs also differ (first vs second) in "
+                       + "; ".join(f"{describe(d)} at seed(s) {', '.join(map(str, seeds))}" for d, seeds in unlike))
     why = "; ".join(reasons)
-    dropped = [*dropped, *failed, *missing]
+    dropped = [*not_finite, *dropped, *failed, *missing]
     if c.n == 0 and dropped:
         return "no valid pair", f"**no verdict**: {why}"
     if c.n == 0:  # the command once per claim: on its first row
@@ -452,9 +481,11 @@ def answer(result: ClaimResult, cfg: ClaimsConfig) -> str:
              for comp in result.comparisons for pair in [(comp.treatment, comp.baseline)]
              if result.claim.paper_delta is not None and pair in result.claim.paper_on and comp.n]
     excluded = [f"{arms[t].title} - {arms[b].title}" for (t, b), e in tests if e.excluded(cfg.alpha)]
-    if tests:
+    if any(e.n >= MIN_VERDICT_PAIRS for _, e in tests):
         line += ("; the paper's effect is excluded for " + ", ".join(excluded) if excluded
                  else "; the paper's effect is not excluded")
+    elif tests:  # below the pairs a verdict needs, as in the comparison's own row
+        line += f"; the paper's effect is not tested yet (n < {MIN_VERDICT_PAIRS})"
     found = [f"{arms[s.treatment].title} {s.verdict} than {arms[s.baseline].title}"
              for s in result.comparisons[1:] if s.tested and s.verdict in ("better", "worse")]
     if found:

@@ -120,6 +120,8 @@ def sign_flip_pvalue(deltas: np.ndarray, n_resamples: int = 200_000, seed: int =
     n = len(d)
     if n == 0:
         return 1.0
+    if not np.isfinite(d).all():
+        raise ValueError(f"sign-flip test of non-finite differences {d.tolist()}: leave diverged runs out")
     tol = 1e-12 * max(1.0, float(np.abs(d).sum()))
 
     def extreme(sums: np.ndarray) -> np.ndarray:
@@ -137,6 +139,8 @@ def sign_flip_pvalue(deltas: np.ndarray, n_resamples: int = 200_000, seed: int =
 
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm-Bonferroni adjusted p-values, in the input order."""
+    if any(not 0 <= p <= 1 for p in pvalues):  # a NaN would reorder the others
+        raise ValueError(f"Holm over p-values outside [0, 1] (or NaN): {list(pvalues)}")
     m = len(pvalues)
     order = sorted(range(m), key=lambda i: pvalues[i])
     adjusted, running = [0.0] * m, 0.0

@@ -14,11 +14,11 @@ class Summary:
     mean: float
     std: float | None
     n: int
+    nonfinite: int = 0  # values left out as NaN or infinite (a diverged run): said in the cell
 
     def format(self, digits: int = 2) -> str:
-        if self.std is None:
-            return f"{self.mean:.{digits}f}"
-        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+        cell = f"{self.mean:.{digits}f}" if self.std is None else f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+        return cell + (f" (n = {self.n}; {self.nonfinite} non-finite left out)" if self.nonfinite else "")
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,13 @@ class Missing:
 
 
 def summarize(values: Sequence[float]) -> Summary | Missing:
-    """Summary of the finite values; Missing when there are none."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    """Summary of the finite values, counting the non-finite ones it leaves out; Missing when
+    there are none."""
+    given = [float(v) for v in values if v is not None]
+    finite = [v for v in given if math.isfinite(v)]
     if not finite:
-        return Missing("no finite value")
+        return Missing(f"no finite value ({len(given)} non-finite)" if given else "no finite value")
     n = len(finite)
     mean = math.fsum(finite) / n  # fsum: exact sums, so the runs' order cannot move the last digit
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else None
-    return Summary(mean, std, n)
+    return Summary(mean, std, n, len(given) - n)
