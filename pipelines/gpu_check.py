@@ -85,6 +85,9 @@ JOBS = 4
 """Untimed steps that run side by side on the GPU (each its own process; 16 cores on the H100 node)."""
 MIN_LEFT_S = 10.0
 """No step starts with less of ``--budget`` left than this."""
+STARTED = time.perf_counter()
+"""When this process began (at import, before torch and the environment's probes): ``--budget``
+counts from here, so its cut and the last pack come before a ``timeout`` around the command."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class Check:
     limit_s: int
     timed: bool = False
     suite: str = "core"
+    workers: int = 1  # processes the step runs at once (pytest -n): they share its cores
     expected_s: int = 30
     """Wall time on a GPU (earlier windows; an estimate where none ran it): the side-by-side steps
     start longest first; a timed step does not start with less of ``--budget`` left."""
@@ -121,13 +125,14 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
     the timed steps one at a time. The benchmarks write their tables (small) into ``record_dir``,
     the window's record, when given."""
     py = (sys.executable,)
-    workers = ("-n", "4") if importlib.util.find_spec("xdist") else ()  # pytest-xdist: compiles in parallel
+    n_workers = 4 if importlib.util.find_spec("xdist") else 1  # pytest-xdist: compiles in parallel
+    workers = ("-n", str(n_workers)) if n_workers > 1 else ()
     pytest_cuda = (*py, "-m", "pytest", "-q", "-m", "cuda", *workers, "--durations=10")
     tables = record_dir or runs_dir  # the benchmarks' small tables travel with the window's record
     core = [Check("every encoding, cached decoding, add_tape on CUDA (pytest -m cuda tests/test_cuda_paths.py)",
-                  (*pytest_cuda, PATHS_TESTS), 240, expected_s=120),
+                  (*pytest_cuda, PATHS_TESTS), 240, workers=n_workers, expected_s=120),
             Check("kernel and training step (pytest -m cuda)", (*pytest_cuda, "tests", f"--ignore={PATHS_TESTS}"), 240,
-                  expected_s=155),
+                  workers=n_workers, expected_s=155),
             Check("TAPE 155M: Triton vs SDPA vs float64", (*py, "-m", "pipelines.gpu_check", "model"), 120, expected_s=20)]
     for exp in SMOKE_EXPERIMENTS:
         core.append(Check(f"train {exp}/smoke, bf16-mixed", (*py, "-m", "pipelines.train", f"experiment={exp}/smoke",
@@ -221,27 +226,31 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def run_steps(steps: Sequence[Check], out_dir: Path, budget_s: float | None = None, jobs: int = JOBS,
-              on_done: Callable[[list[Outcome]], None] = lambda done: None, log_prefix: str = "") -> list[Outcome]:
+              on_done: Callable[[list[Outcome]], None] = lambda done: None, log_prefix: str = "",
+              started: float | None = None) -> list[Outcome]:
     """Run ``steps``: each run of consecutive untimed steps ``jobs`` at a time, each timed step
     alone. Step i logs to ``<out_dir>/<log_prefix><i>.log``; no step starts once ``budget_s`` is
     spent (less than MIN_LEFT_S left), nor a timed one with less left than it is expected to take
     (``--continue`` runs it in the next call), and a running one is cut there. ``on_done`` gets the
-    outcomes so far, in step order, after each step ends. Returns them."""
-    t0, done = time.perf_counter(), {}
+    outcomes so far, in step order, after each step ends. ``started``: when the budget began
+    (``perf_counter``; default now). Returns them."""
+    t0, done = time.perf_counter() if started is None else started, {}
 
     def attempt(i: int) -> Outcome | None:
         left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
         if left is not None and left < max(MIN_LEFT_S, steps[i].expected_s if steps[i].timed else 0):
-            print(f"skip {steps[i].name} ({left:.0f} s of --budget {budget_s:.0f} s left)", flush=True)
+            print(f"skip {steps[i].name} ({max(left, 0):.0f} s of --budget {budget_s:.0f} s left)", flush=True)
             return None
-        shared = None if steps[i].timed else max(1, (os.cpu_count() or 1) // jobs)  # side by side: split the cores
+        # side by side: split the cores, a step's share again among its own workers (pytest -n)
+        shared = None if steps[i].timed else max(1, (os.cpu_count() or 1) // jobs // steps[i].workers)
         return run_check(steps[i], out_dir / f"{log_prefix}{i:02d}.log", left, shared)
 
     def finished(i: int, outcome: Outcome | None) -> None:
         if outcome is None:
             return
         done[i] = outcome
-        print(f"{'pass' if outcome.passed else 'FAIL'} {outcome.name} ({outcome.wall_s:.0f} s)", flush=True)
+        verdict = "pass" if outcome.passed else "cut by --budget" if outcome.budget_cut else "FAIL"
+        print(f"{verdict} {outcome.name} ({outcome.wall_s:.0f} s)", flush=True)
         on_done([done[k] for k in sorted(done)])
 
     for timed, group in groupby(range(len(steps)), key=lambda k: steps[k].timed):
@@ -538,7 +547,7 @@ def environment() -> dict[str, str]:
     if gpu:
         try:
             driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                    capture_output=True, text=True, timeout=30).stdout.strip() or "-"
+                                    capture_output=True, text=True, timeout=5).stdout.strip() or "-"
         except (OSError, subprocess.TimeoutExpired):
             pass
     return {"device": torch.cuda.get_device_name(0) if gpu else "cpu", "gpu": str(gpu), "driver": driver,
@@ -644,7 +653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if archive is not None:
             pack_window(out_dir, archive)
 
-    outcomes = run_steps(steps, out_dir, args.budget, args.jobs, on_done=record)
+    record([])  # the machine and the plan come back even if no step ends before the call does
+    outcomes = run_steps(steps, out_dir, args.budget, args.jobs, on_done=record, started=STARTED)
     print(f"summary: {out_dir / 'summary.md'}" + (f"; packed: {archive}" if archive else ""))
     return 0 if outcomes and all(o.passed for o in outcomes) and len(outcomes) == len(steps) else 1
 
@@ -685,7 +695,10 @@ def _set_aside(steps: Sequence[Check], window: Path, call: int) -> dict[str, str
     for token in (t for c in steps for t in c.argv if str(window) in t):
         path = Path(token[token.index(str(window)):])
         if path.exists() and path != window and path.is_relative_to(window):
-            aside = path.with_name(f"{path.name}.cut-{call}")
+            aside, n = path.with_name(f"{path.name}.cut-{call}"), 1
+            while aside.exists():  # a call that died before it recorded its moves left this name
+                n += 1
+                aside = path.with_name(f"{path.name}.cut-{call}-{n}")
             path.rename(aside)
             moved[path.relative_to(window).as_posix()] = aside.relative_to(window).as_posix()
     return moved
@@ -731,8 +744,10 @@ def continue_window(window: Path, runs: Path, budget_s: float | None, jobs: int,
         if archive is not None:
             pack_window(window, archive)
 
+    record([])  # the moves and this call, at once: a retry after this call dies is the next call
     print(f"continuing {window} (call {call}): {len(steps)} step(s)", flush=True)
-    outcomes = run_steps(steps, window, budget_s, jobs, on_done=record, log_prefix=f"call{call}-")
+    outcomes = run_steps(steps, window, budget_s, jobs, on_done=record, log_prefix=f"call{call}-",
+                         started=STARTED)
     print(f"summary: {window / 'summary.md'}" + (f"; packed: {archive}" if archive else ""))
     return 0 if len(outcomes) == len(steps) and all(o["passed"] for o in [*kept, *map(asdict, outcomes)]) else 1
 
@@ -780,12 +795,14 @@ def _not_a_continuation(old: Path, tar: tarfile.TarFile, top: str) -> str | None
     kept = now.get("outcomes", []) + now.get("superseded", [])
     if any(o not in kept for o in was["outcomes"]):
         return "an outcome of the committed window is missing from it"
-    moved = {k: v for c in calls[len(was["calls"]):] for k, v in c.get("moved", {}).items()}
     for path in sorted(p for p in old.rglob("*") if p.is_file()):
         rel = path.relative_to(old).as_posix()
         if rel in ("summary.json", "summary.md"):
             continue
-        place = next((moved[k] + rel[len(k):] for k in moved if rel == k or rel.startswith(k + "/")), rel)
+        place = rel
+        for call in calls[len(was["calls"]):]:  # each later call's moves, in order
+            moved = call.get("moved", {})
+            place = next((moved[k] + place[len(k):] for k in moved if place == k or place.startswith(k + "/")), place)
         if member(place) != path.read_bytes():
             return f"{rel} is not in it as committed"
     return None

@@ -9,6 +9,7 @@ import shutil
 import sys
 import tarfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -183,7 +184,7 @@ def test_a_packed_window_is_rewritten_after_every_step(tmp_path: Path, monkeypat
                            "--pack", str(out)]) == 1  # step b failed
     (archive,) = out.iterdir()  # one file, no partial one left
     stamp = archive.name.removesuffix(".tar.gz")
-    assert len(packed) == 3 and all(f"{stamp}/summary.json" in names for names in packed)
+    assert len(packed) == 4 and all(f"{stamp}/summary.json" in names for names in packed)  # at once, then a step each
     assert {f"{stamp}/{i:02d}.log" for i in range(3)} <= set(packed[-1])
     window = gpu_check.unpack_window(archive, tmp_path / "results")
     outcomes = json.loads((window / "summary.json").read_text())["outcomes"]
@@ -577,6 +578,7 @@ def _fake_gpu(monkeypatch, steps: list[gpu_check.Check], code: str = "c0de") -> 
     monkeypatch.setattr(gpu_check, "environment", lambda: dict(env))
     monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: steps)
     monkeypatch.setattr(gpu_check, "MIN_LEFT_S", 0.5)
+    monkeypatch.setattr(gpu_check, "STARTED", time.perf_counter())  # --budget counts from here, as from a process start
 
 
 def test_a_window_cut_by_the_budget_is_finished_by_a_second_call(tmp_path: Path, monkeypatch) -> None:
@@ -699,3 +701,92 @@ def test_every_hydra_step_composes(tmp_path: Path) -> None:
             assert compose_or_none(configs[module], overrides) is not None, check.name
             composed += 1
     assert composed == len(gpu_check.SMOKE_EXPERIMENTS) + len(gpu_check.GPU_PRESETS) + 4
+
+
+def test_the_budget_counts_from_when_the_process_began(tmp_path: Path, monkeypatch) -> None:
+    """run_steps started its clock after torch's import and the environment's probes (nvidia-smi),
+    so a slow start pushed the budget's cut past the `timeout` around the call: nothing came back."""
+    monkeypatch.setattr(gpu_check, "MIN_LEFT_S", 0.5)
+    began = time.perf_counter() - 20  # as if start-up took 20 s
+    t0 = time.perf_counter()
+    (cut,) = gpu_check.run_steps([_sleeper("long", False, 25)], tmp_path, budget_s=23, started=began)
+    assert cut.budget_cut and not cut.passed and time.perf_counter() - t0 < 10
+    assert gpu_check.STARTED <= t0  # the module's clock: set at import, before main() runs
+
+
+def test_a_window_is_recorded_before_its_first_step_ends(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("torch")
+    _fake_gpu(monkeypatch, [_sleeper("a", True, 0.1)])
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # `timeout` ended the call while the first step ran
+
+    monkeypatch.setattr(gpu_check, "run_steps", killed)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--records", str(tmp_path / "device"), "--runs", str(tmp_path), "--pack", str(tmp_path / "o")])
+    (archive,) = (tmp_path / "o").iterdir()
+    window = gpu_check.unpack_window(archive, tmp_path / "results")
+    summary = json.loads((window / "summary.json").read_text())
+    assert summary["environment"]["device"] == "fake" and summary["planned"] == ["a"] and summary["outcomes"] == []
+    assert gpu_check.pending_steps(summary) == ["a"]
+
+
+def test_a_continuation_that_died_is_retried_as_the_next_call(tmp_path: Path, monkeypatch) -> None:
+    """A call 2 that died before its first outcome left sweep.cut-2 unrecorded: the retry, again
+    call 2, crashed renaming its new partial onto it. And an archive holding calls 2 and 3 was
+    refused by unpack (the moves of all calls were merged into one)."""
+    pytest.importorskip("torch")
+    device, results = tmp_path / "device", tmp_path / "results"
+
+    def sweep(text: str, sleep: float) -> list[gpu_check.Check]:
+        code = (f"import os, sys, time; d = sys.argv[1][6:]; os.makedirs(d); open(d + '/t.md', 'w').write({text!r}); "
+                f"time.sleep({sleep})")
+        return [gpu_check.Check("sweep", (sys.executable, "-c", code, f"--out={device}/WINDOW/sweep"), 30, timed=True,
+                                expected_s=0)]
+
+    _fake_gpu(monkeypatch, [])
+    monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: [
+        replace(c, argv=tuple(a.replace(f"{device}/WINDOW", str(record)) for a in c.argv)) for c in sweep("partial", 20)])
+    assert gpu_check.main(["--records", str(device), "--runs", str(tmp_path), "--pack", str(tmp_path / "o1"),
+                           "--budget", "2"]) == 1
+    (window,) = device.iterdir()
+    gpu_check.unpack_window(tmp_path / "o1" / f"{window.name}.tar.gz", results)  # committed: call 1
+
+    real_run_steps = gpu_check.run_steps
+
+    def dies(*args, **kwargs):
+        (window / "sweep").mkdir()
+        (window / "sweep" / "t.md").write_text("partial 2")  # written before the call died
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu_check, "run_steps", dies)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--continue", str(window), "--runs", str(tmp_path), "--pack", str(tmp_path / "o2")])
+    calls = json.loads((window / "summary.json").read_text())["calls"]
+    assert len(calls) == 2 and calls[1]["moved"] == {"sweep": "sweep.cut-2"}
+    monkeypatch.setattr(gpu_check, "run_steps", real_run_steps)
+    monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: [
+        replace(c, argv=tuple(a.replace(f"{device}/WINDOW", str(record)) for a in c.argv)) for c in sweep("whole", 0)])
+    assert gpu_check.main(["--continue", str(window), "--runs", str(tmp_path), "--pack", str(tmp_path / "o2")]) == 0
+    assert [(window / d / "t.md").read_text() for d in ("sweep.cut-2", "sweep.cut-3", "sweep")] == [
+        "partial", "partial 2", "whole"]
+    landed = gpu_check.unpack_window(tmp_path / "o2" / f"{window.name}.tar.gz", results)  # calls 2 and 3 at once
+    assert (landed / "sweep" / "t.md").read_text() == "whole" and (landed / "sweep.cut-2" / "t.md").read_text() == "partial"
+    (window / "sweep.cut-4").mkdir()  # a name a call left unrecorded (it died at once): never renamed onto
+    step = gpu_check.Check("sweep", (f"--out={window}/sweep",), 30)
+    assert gpu_check._set_aside([step], window, 4) == {"sweep": "sweep.cut-4-2"}
+
+
+def test_a_side_by_side_steps_workers_share_its_cores(tmp_path: Path, monkeypatch) -> None:
+    """pytest -n 4 gave each of its workers the whole share of the step (40 threads on 16 cores)."""
+    seen = {}
+    def run_check(check, log, left, threads):
+        seen[check.name] = threads
+        return gpu_check.Outcome(check.name, "", True, 0.0, 0, log.name)
+
+    monkeypatch.setattr(gpu_check, "run_check", run_check)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    gpu_check.run_steps([replace(_sleeper("pytest", False, 0), workers=4), _sleeper("train", False, 0)], tmp_path, jobs=4)
+    assert seen == {"pytest": 1, "train": 4}
+    (cuda_tests, paths_tests) = [c for c in gpu_check.checks(tmp_path, suite="core") if "pytest" in c.name]
+    assert cuda_tests.workers == paths_tests.workers == (4 if "-n" in cuda_tests.argv else 1)
