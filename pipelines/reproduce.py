@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 from pipelines.plan import Step, bench_dir, load_profile, plan, profiles
 from pipelines.presets import is_preset_run, preset_setting
 from pipelines.result_files import keep_earlier
+from pipelines.run_dirs import live_owner
 from tape.report.claims import lookup
 from tape.report.render import WouldLoseResults, render
 from tape.report.records import RecordConflict, export_all, finished_runs
@@ -91,6 +92,25 @@ def pending(step: Step, runs: Sequence[Run]) -> list[tuple[str, str, int]]:
             if (exp, pe, seed) not in done]
 
 
+def resumable(step: Step, runs: Sequence[Run]) -> dict[tuple[str, str, int], Path]:
+    """{(experiment, pe, seed): run dir} of the step's unfinished runs to resume: the newest of
+    each with checkpoints/last.ckpt, no live process training in it, and the step's setting (a
+    claim arm's values too). Single-run steps (context extension) and steps that write a file
+    start afresh."""
+    if step.single or step.done_file is not None or step.entry != "pipelines.train":
+        return {}
+    found: dict[tuple[str, str, int], Run] = {}
+    for r in runs:
+        key = (r.experiment, r.pe, r.seed)
+        if (r.finished or r.pe not in step.pes or r.seed not in step.seeds
+                or not (r.path / "checkpoints" / "last.ckpt").is_file() or live_owner(r.path) is not None
+                or not all(lookup(r.config(), k) == v for k, v in step.match.items()) or not _steps_setting(step, r)):
+            continue
+        if key not in found or r.name > found[key].name:
+            found[key] = r
+    return {key: r.path for key, r in found.items()}
+
+
 def _steps_setting(step: Step, run: Run) -> bool:
     """Whether ``run``'s setting is the one the step's command composes (tape.report.settings:
     keys only one of them has do not count; a step whose runs' experiment does not compose, as
@@ -136,9 +156,18 @@ def with_runs_dir(steps: Sequence[Step], runs_dir: Path) -> list[Step]:
     return [replace(s, overrides=(*s.overrides, where)) if s.entry == "pipelines.train" else s for s in steps]
 
 
-def run_commands(step: Step, todo: Sequence[tuple[str, str, int]]) -> list[tuple[str, list[str]]]:
-    """(label, command) per run of ``todo`` for --jobs: single runs, not multiruns. The label
-    names the run's log file."""
+def resume_commands(step: Step, todo: Sequence[tuple[str, str, int]], resume: dict[tuple[str, str, int], Path]
+                    ) -> tuple[list[list[str]], list[tuple[str, str, int]]]:
+    """The commands that resume the runs of ``todo`` found in ``resume`` (one each, with
+    ``ckpt_path=<its run dir>``), and the rest of ``todo``, which start afresh."""
+    labelled = run_commands(step, [t for t in todo if t in resume], resume)
+    return [argv for _, argv in labelled], [t for t in todo if t not in resume]
+
+
+def run_commands(step: Step, todo: Sequence[tuple[str, str, int]],
+                 resume: dict[tuple[str, str, int], Path] | None = None) -> list[tuple[str, list[str]]]:
+    """(label, command) per run of ``todo`` for --jobs: single runs, not multiruns; a run in
+    ``resume`` continues from its run dir (``ckpt_path``). The label names the run's log file."""
     if step.done_file is not None:
         return [(step.name, argv) for argv in commands(step)]
     if step.single:
@@ -149,7 +178,9 @@ def run_commands(step: Step, todo: Sequence[tuple[str, str, int]]) -> list[tuple
         argv = ["python", "-m", step.entry, f"experiment={step.experiment}", f"pe={pe}", f"seed={seed}"]
         dataset = [exp.rsplit("/", 1)[-1]] if step.datasets else []
         argv += [f"task.dataset={d}" for d in dataset]
-        out.append(("-".join([step.name, *dataset, pe, f"seed{seed}"]), argv + list(step.overrides)))
+        again = (resume or {}).get((exp, pe, seed))
+        argv += [*step.overrides, *([f"ckpt_path={again}"] if again else [])]
+        out.append(("-".join([step.name, *dataset, pe, f"seed{seed}"]), argv))
     return out
 
 
@@ -233,14 +264,21 @@ def execute(steps: Sequence[Step], runs_dir: Path, runner: Runner = run_command,
     spans: dict[str, list[float]] = {}  # step name -> [first start, last finish]
     launched: set[tuple[str, ...]] = set()
     running = _Wave(where, runner, dry_run, log, group, lock, threading.Lock(), spans, launched)
-    for wave in sorted({s.wave for s in steps}):
-        indexed = {i: _start(s, where, log) for i, s in enumerate(steps) if s.wave == wave}
-        started.update(indexed)
-        here = list(indexed.values())
-        if jobs > 1:
-            running.parallel(here, jobs)
-        else:
-            running.serial(here)
+    if not dry_run:
+        where.record(log)  # runs an earlier call finished but never recorded (it was interrupted)
+    try:
+        for wave in sorted({s.wave for s in steps}):
+            indexed = {i: _start(s, where, log) for i, s in enumerate(steps) if s.wave == wave}
+            started.update(indexed)
+            here = list(indexed.values())
+            if jobs > 1:
+                running.parallel(here, jobs)
+            else:
+                running.serial(here)
+    finally:  # a Ctrl-C or a crash: what finished still gets its record
+        if not dry_run:
+            with running.record_lock:
+                where.record(log)
     outcomes = []
     for _, (out, todo) in sorted(started.items()):
         first, last = spans.get(out.step.name, (0.0, 0.0))
@@ -271,21 +309,25 @@ class _Wave:
         items = [(out, seed) for out, todo in here if todo
                  for seed in ([None] if out.step.done_file is not None else sorted({t[2] for t in todo}))]
         for out, seed in sorted(items, key=lambda item: _order(item[0], item[1] or 0)):
-            todo = None  # a step with a done file: its one command
+            todo, again = None, []  # a step with a done file: its one command
             if seed is not None:
-                now = next(t for o, t in here if o is out) if self.dry_run else pending(out.step, self.where.finished())
+                runs = self.where.finished()
+                now = next(t for o, t in here if o is out) if self.dry_run else pending(out.step, runs)
                 todo = [t for t in now if t[2] == seed]
                 if not todo:  # finished by an earlier command of this wave
                     continue
-            for argv in commands(out.step, todo):
+                again, todo = resume_commands(out.step, todo, resumable(out.step, runs))
+            for argv in [*again, *(commands(out.step, todo) if todo or seed is None else [])]:
                 self.launch(out, argv)
 
     def parallel(self, here: list[tuple[Outcome, list]], jobs: int) -> None:
         """``jobs`` single runs at once (cpu_count // jobs threads each, output in
         ``<runs>/reproduce-logs/``), then the ``alone`` steps one by one with every thread."""
         threads = max(1, (os.cpu_count() or 1) // jobs)
+        runs = self.where.finished()
         items = sorted(((out, label, argv) for out, todo in here if todo
-                        for label, argv in run_commands(out.step, todo)), key=_launch_order)
+                        for label, argv in run_commands(out.step, todo, resumable(out.step, runs))),
+                       key=_launch_order)
         if items and not self.dry_run:
             (self.where.runs / "reproduce-logs").mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -377,14 +419,18 @@ def _finish(out: Outcome, todo: list, where: Where) -> None:
 
 
 def estimate(steps: Sequence[Step], runs_dir: Path, jobs: int, records_dir: Path | None = None,
-             note: str = "") -> str:
+             note: str = "", at_once: int | None = None) -> str:
     """The expected wall time of the runs left, from each step's ``minutes`` (claims only), and
-    ``note`` on those minutes (the profile's ``minutes.note``)."""
+    ``note`` on those minutes (the profile's ``minutes.note``). ``at_once``: how many of the
+    ``jobs`` really run side by side (default: no more than the cores; one on one GPU)."""
     runs = Where(runs_dir, records_dir).finished()
     known = [(len(pending(s, runs)), s.minutes) for s in steps if s.minutes]
-    unknown = [s.name for s in steps if not s.minutes and pending(s, runs)]
-    minutes = sum(n * m for n, m in known) / max(1, jobs)
-    line = f"estimate: {sum(n for n, _ in known)} claim run(s) left, about {minutes:.0f} min with --jobs {jobs}"
+    unknown = [s.name for s in steps if not s.minutes and (
+        pending(s, runs) or (s.done_file is not None and not s.done_file.is_file()))]
+    at_once = max(1, min(jobs, os.cpu_count() or 1) if at_once is None else at_once)
+    minutes = sum(n * m for n, m in known) / at_once
+    line = (f"estimate: {sum(n for n, _ in known)} claim run(s) left, about {minutes:.0f} min with --jobs {jobs}"
+            + (f" ({at_once} at once here)" if at_once != jobs else ""))
     if note:
         line += f" ({note})"
     return line + (f" (plus {', '.join(unknown)}: no estimate)" if unknown else "")
@@ -452,12 +498,29 @@ def only_steps(steps: Sequence[Step], names: Sequence[str]) -> list[Step]:
     return [s for s in steps if s.name in names]
 
 
+def folders_problem(runs: Path, out: Path) -> str | None:
+    """Why --runs and --out cannot hold a reproduction (None when they can): a file where a folder
+    goes, or the records (<out>/records) inside the runs or the runs inside the records (each
+    launch would record the records again, one level deeper)."""
+    for flag, path in (("--runs", runs), ("--out", out)):
+        if path.exists() and not path.is_dir():
+            return f"{flag} {path} is a file; give a folder"
+    records, runs_at = (out / "records").resolve(), runs.resolve()
+    if records != runs_at and (records.is_relative_to(runs_at) or runs_at.is_relative_to(records)):
+        return (f"--out {out}: its records ({out / 'records'}) would lie inside --runs {runs} (or the runs inside "
+                "them); give an --out outside the runs folder (e.g. --out results or --out report)")
+    return None
+
+
 def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int:
     args = parse_args(argv)
     if args.jobs < 1:
         raise SystemExit(f"--jobs {args.jobs}: give at least 1 (runs at once)")
     if bad := [s for s in args.seeds if not 0 <= s < 2**32]:
         raise SystemExit(f"--seeds {' '.join(map(str, bad))}: seeds are in [0, 2**32) (NumPy's seed range)")
+    args.seeds = list(dict.fromkeys(args.seeds))  # --seeds 1 1 is one seed
+    if problem := folders_problem(args.runs, args.out):
+        raise SystemExit(f"pipelines.reproduce: {problem}")
     try:
         profile = load_profile(args.profile)
         steps = with_runs_dir(only_steps(plan(args.profile, args.seeds, args.runs, args.scrolls_data,
@@ -475,7 +538,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         outcomes = execute(steps, args.runs, runner, dry_run=args.dry_run, jobs=args.jobs,
                            records_dir=records)
         if args.dry_run:
-            print(estimate(steps, args.runs, args.jobs, records, profile.minutes_note))
+            at_once = 1 if profile.scale == "gpu" else None  # a gpu profile's minutes are one run on one GPU
+            print(estimate(steps, args.runs, args.jobs, records, profile.minutes_note, at_once))
         print(summary(outcomes))
         print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
     if not args.no_report and not args.dry_run and not profile.print_only:

@@ -61,6 +61,18 @@ def test_records_are_never_overwritten(tmp_path: Path) -> None:
     assert (records / target.relative_to(runs)).read_text() == kept
 
 
+def test_a_conflicting_record_stops_no_other_record(tmp_path: Path) -> None:
+    """export_all raised at the first conflict, so every run after it was never recorded."""
+    runs = build_runs(tmp_path)
+    records = tmp_path / "records"
+    first = next(r for r in find_runs(runs) if r.finished and r.experiment == "addition/cpu")
+    export(first, runs, records)
+    (records / first.path.relative_to(runs) / "metrics.json").write_text("{}")  # a record that differs
+    with pytest.raises(RecordConflict, match=r"never overwritten.*\(the other 6 record\(s\) were written\)"):
+        export_all(runs, records)
+    assert len(find_runs(records)) == 1 + 6  # the conflicting record and every other run's
+
+
 def test_a_record_keeps_every_csv_its_task_wrote_and_gains_one_it_lacked(tmp_path: Path) -> None:
     """A per-length CSV (parity.csv) is kept; a record written before it was kept gains it, and
     a file that differs is still refused."""

@@ -195,3 +195,12 @@ def test_a_claim_without_records_is_carried_over_unchanged_and_idempotently(
     render(new, out, carry_over=True)
     c1 = claims_mod.claim_rows(claims_mod.previous_rows(out, "claims_all"), "C1")
     assert c1[0]["claim"] == "C1: Another claim" and c1[0]["effect Δ [95 % CI]"] == "not run"
+
+
+def test_carry_over_with_nothing_to_carry_renders_the_same_bytes(tmp_path: Path) -> None:
+    """pipelines.reproduce (carry_over=True) wrote " --carry-over" into the README's command even
+    when it carried nothing, so it and make report rendered different bytes from the same records."""
+    runs, out = committed(tmp_path)
+    before = snapshot(out)
+    render(runs, out, carry_over=True)
+    assert snapshot(out) == before

@@ -556,3 +556,74 @@ def test_keep_earlier_never_renames_onto_a_kept_file(tmp_path: Path) -> None:
         keep_earlier(pair)
     kept = sorted(p.read_text() for p in tmp_path.iterdir())
     assert kept == [".json 0", ".json 1", ".json 2", ".md 0", ".md 1", ".md 2"]
+
+
+def interrupted(runs: Path, experiment: str, pe: str, seed: int, name: str) -> Path:
+    """An unfinished run that saved checkpoints/last.ckpt before it was stopped."""
+    run = finish(runs, experiment, pe, seed, name, done=False)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    return run
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_an_interrupted_run_is_resumed_not_restarted(tmp_path: Path, jobs: int) -> None:
+    """A rerun started an interrupted run again from step 0 (nothing passed ckpt_path), so a GPU
+    window's cut-off run never accumulated."""
+    runs = tmp_path / "runs"
+    stopped = interrupted(runs, "addition/cpu", "tape", 0, "20261122-205210-0835a8-4")
+    interrupted(runs, "addition/cpu", "fire", 0, "20261122-205210-0835a8-5")  # still training elsewhere:
+    (runs / "addition/cpu/fire/0/20261122-205210-0835a8-5/run.lock").write_text(f"{os.getppid()} {os.uname().nodename}")
+    finish(runs, "addition/cpu", "nope", 0, "20261122-205210-0835a8-6", done=False)  # no checkpoint: afresh
+    steps = [step(plan("tables", runs_dir=runs, scrolls_data=None), "addition")]
+    runner = FakeRunner(runs, tmp_path / "results")
+    execute(steps, runs, runner, log=lambda _: None, jobs=jobs)
+    resumed = [c for c in runner.calls if "ckpt_path=" in c]
+    assert resumed == [f"python -m pipelines.train experiment=addition/cpu pe=tape seed=0 ckpt_path={stopped}"]
+    started = " ".join(c for c in runner.calls if "ckpt_path=" not in c)
+    assert "tape" not in started and all(pe in started for pe in ("rope", "randpe", "nope", "fire"))
+
+
+def test_runs_finished_before_an_interruption_get_their_records(tmp_path: Path) -> None:
+    """A Ctrl-C after a multirun's runs finished left them without records, and a rerun, having
+    nothing to run, never wrote them."""
+    runs, records = tmp_path / "runs", tmp_path / "results" / "records"
+    steps = [step(plan("tables", runs_dir=runs, scrolls_data=None), "addition")]
+
+    class Interrupted(FakeRunner):
+        def __call__(self, launch: Launch) -> int:
+            super().__call__(launch)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        execute(steps, runs, Interrupted(runs, tmp_path / "results"), log=lambda _: None, records_dir=records)
+    assert len(find_runs(records)) == len(find_runs(runs)) == 5
+    shutil.rmtree(records)  # as after a crash before this fix: the runs are there, their records not
+    execute(steps, runs, FakeRunner(runs, tmp_path / "results"), log=lambda _: None, records_dir=records)
+    assert len(find_runs(records)) == 5
+
+
+def test_out_and_runs_must_be_folders_apart(tmp_path: Path) -> None:
+    """--out inside --runs nested the records one level deeper each launch; an --out that is a
+    file crashed after runs had started."""
+    (tmp_path / "results.txt").write_text("")
+    for args, message in ((["--out", str(tmp_path / "results.txt")], "--out .* is a file"),
+                          (["--runs", str(tmp_path / "results.txt")], "--runs .* is a file"),
+                          (["--runs", str(tmp_path / "r"), "--out", str(tmp_path / "r" / "report")], "inside --runs")):
+        with pytest.raises(SystemExit, match=message):
+            reproduce.main(["--profile", "tables", "--no-report", *args], runner=lambda launch: 1 / 0)
+    assert not (tmp_path / "r").exists()
+
+
+def test_duplicate_seeds_count_once_and_the_estimate_runs_no_more_at_once_than_cores(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    reproduce.main(["--profile", "tables", "--steps", "addition", "--seeds", "1", "1", "--dry-run",
+                    "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")], runner=lambda launch: 1 / 0)
+    assert "| addition | 0 | 0 | 5 |" in capsys.readouterr().out
+    reproduce.main(["--profile", "cpu-full", "--jobs", "8", "--dry-run", "--runs", str(tmp_path / "runs"),
+                    "--out", str(tmp_path / "out")], runner=lambda launch: 1 / 0)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("estimate:"))
+    steps = plan("cpu-full", runs_dir=tmp_path / "runs")
+    expected = sum(len(s.seeds) * s.minutes for s in steps if s.minutes) / 2  # 2 cores: 2 at once, not 8
+    assert f"about {expected:.0f} min with --jobs 8 (2 at once here)" in line and "benchmark" in line

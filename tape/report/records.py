@@ -92,13 +92,20 @@ def _copy_atomic(src: Path, dest: Path) -> None:
 def export_all(runs_root: str | Path, records_root: str | Path,
                keep: Callable[[Run], bool] = is_recordable) -> list[Path]:
     """Export every run under ``runs_root`` that ``keep`` accepts; the records written or
-    completed now."""
-    written = []
+    completed now. A conflicting record stops none of the others: the conflicts are raised
+    together once every other run is exported."""
+    written, conflicts = [], []
     for run in find_runs(runs_root):
         if keep(run):
-            path, new = export(run, runs_root, records_root)
+            try:
+                path, new = export(run, runs_root, records_root)
+            except RecordConflict as err:
+                conflicts.append(str(err))
+                continue
             if new:
                 written.append(path)
+    if conflicts:
+        raise RecordConflict("; ".join(conflicts) + f" (the other {len(written)} record(s) were written)")
     return written
 
 

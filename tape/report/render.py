@@ -260,7 +260,7 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
     _write(out_dir / "runs.csv", listed + _carried_rows(carried, listed), written)
     command = f"python -m pipelines.report --runs {runs_dir} --out {out_dir}"
     command += "".join(f" --scale {s}" for s in dict.fromkeys(scales or ()))
-    command += " --carry-over" if carry_over else ""
+    command += " --carry-over" if carried else ""  # the same bytes as make report when nothing was carried
     readme = [
         "# Results",
         "",
