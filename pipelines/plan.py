@@ -26,6 +26,10 @@ KEYS: dict[str, frozenset[str]] = {  # what a profile, its claims and minutes, a
     "minutes": frozenset({"measured", "note", "runs"}),
     "step": frozenset({"experiment", "entry", "encodings", "single", "overrides", "datasets", "after", "alone"}),
 }
+SWITCHES = frozenset({"print_only", "unlisted", "single", "alone"})  # true or false
+TEXTS = {"scale": "cpu", "extends": "tables", "then": "tables", "experiment": "addition/{scale}",
+         "entry": "pipelines.benchmark", "after": "pretrain"}  # a string each, e.g. these
+LISTS = {"encodings": "[rope, tape]", "overrides": "[trainer.max_steps=2]", "profiles": "[gpu]"}  # of strings
 DATASETS = ("local", "all")  # a step's `datasets`: those with data under --scrolls-data, or all
 
 
@@ -48,6 +52,7 @@ class Step:
     match: Mapping[str, Any] = field(default_factory=dict)  # a claim arm: config values its runs have
     tier: int = 0  # --jobs: inside a wave, lower tiers first; claim arms run seed by seed
     minutes: float = 0.0  # a run's expected wall time here (0: unknown)
+    feeds: bool = False  # a later step starts from its runs' checkpoints (SCROLLS from pretraining)
 
     def experiments(self) -> list[str]:
         return [f"{self.experiment}/{d}" for d in self.datasets] if self.datasets else [self.experiment]
@@ -84,8 +89,8 @@ def profiles() -> tuple[str, ...]:
 
 
 def load_profile(name: str) -> Profile:
-    """conf/reproduce/<name>.yaml, checked: an unknown key, ``after`` step, ``datasets`` value or
-    profile named is a ValueError that says what to write instead."""
+    """conf/reproduce/<name>.yaml, checked: an unknown key, a value of the wrong kind, an unknown
+    ``after`` step, ``datasets`` value or profile named is a ValueError that says what to write instead."""
     raw = _read(name, ())
     path = PLAN_DIR / f"{name}.yaml"
     names = list(raw.get("steps") or {})
@@ -115,7 +120,7 @@ def _read(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
     """The profile's YAML, checked, over the profile it ``extends`` (mappings merge key by key)."""
     path = PLAN_DIR / f"{name}.yaml"
     if not path.is_file():
-        raise ValueError(f"profile {name!r}: there is no {path}; the profiles are {', '.join(profiles())}")
+        raise ValueError(_no_profile(name))
     if name in seen:
         raise ValueError(f"{path}: extends or follows itself ({' -> '.join((*seen, name))})")
     try:
@@ -123,13 +128,26 @@ def _read(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not YAML: {err}") from None
     _check_keys(raw, "profile", path, "")
+    _check_values(raw, path, "")
     for section in ("claims", "minutes"):
         if raw.get(section) is not None:
             _check_keys(raw[section], section, path, f"{section}.")
+            _check_values(raw[section], path, f"{section}.")
+    if not isinstance(raw.get("steps") or {}, dict):
+        raise ValueError(f"{path}: steps must be a mapping of step names to steps (docs/reproduction.md)")
     for step, body in (raw.get("steps") or {}).items():
         _check_keys(body, "step", path, f"steps.{step}.")
+        _check_values(body, path, f"steps.{step}.")
+    _check_minutes((raw.get("minutes") or {}).get("runs"), path)
     base = raw.pop("extends", None)
+    if base and not (PLAN_DIR / f"{base}.yaml").is_file():
+        raise ValueError(f"{path}: extends: {_no_profile(base)}")
     return _merge(_read(base, (*seen, name)), raw) if base else raw
+
+
+def _no_profile(name: str) -> str:
+    """The error for a profile with no conf/reproduce/<name>.yaml, naming those there are."""
+    return f"profile {name!r}: there is no {PLAN_DIR / f'{name}.yaml'}; the profiles are {', '.join(profiles())}"
 
 
 def _check_keys(mapping: Any, kind: str, path: Path, where: str) -> None:
@@ -142,6 +160,35 @@ def _check_keys(mapping: Any, kind: str, path: Path, where: str) -> None:
             label = {"profile": "a profile", "step": "a step"}.get(kind, f"`{kind}`")
             raise ValueError(f"{path}: unknown key {where}{key!r}: {fix}{label} takes "
                              f"{', '.join(sorted(KEYS[kind]))} (docs/reproduction.md)")
+
+
+def _check_values(mapping: Mapping[str, Any], path: Path, where: str) -> None:
+    """Each value of the kind its key takes (true or false, a string, a list of strings); None: not given."""
+    for key, value in mapping.items():
+        at = f"{path}: {where}{key}"
+        if value is None:
+            continue
+        if key in SWITCHES and not isinstance(value, bool):
+            raise ValueError(f"{at}: {value!r} must be true or false: write {key}: true or {key}: false")
+        if key in TEXTS and not isinstance(value, str):
+            raise ValueError(f"{at}: {value!r} must be a string, e.g. {key}: {TEXTS[key]}")
+        if key in LISTS and isinstance(value, str):
+            raise ValueError(f"{at} must be a list, not {value!r}: write {key}: [{value}]")
+        if key in LISTS and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ValueError(f"{at} must be a list of strings, not {value!r}: e.g. {key}: {LISTS[key]}")
+
+
+def _check_minutes(runs: Any, path: Path) -> None:
+    """``minutes.runs``: a mapping of claim experiments to a run's minutes, a number >= 0."""
+    if runs is None:
+        return
+    if not isinstance(runs, dict):
+        raise ValueError(f"{path}: minutes.runs must be a mapping of claim experiments to a run's minutes, "
+                         f"e.g. {{flipflop/cpu: 8.6}}")
+    for experiment, value in runs.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(f"{path}: minutes.runs.{experiment}: {value!r} is not a number of minutes; "
+                             f"write e.g. {experiment}: 8.6")
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -157,9 +204,23 @@ def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"
          only: Sequence[str] = ()) -> list[Step]:
     """Every experiment of ``profile`` in the order it runs: its claims' arms, its table steps,
     then the steps of its ``then`` profile; ``only`` keeps the claims with those ids (C1, C3, ...)
-    and drops the table steps."""
-    cfg = select_claims(claims or load_claims(), only)
-    return _steps(load_profile(profile), cfg, tuple(seeds), runs_dir, scrolls_data, tables=not only)
+    and drops the table steps; an id the profile does not run is a ValueError."""
+    everything = claims or load_claims()
+    prof = load_profile(profile)
+    steps = _steps(prof, select_claims(everything, only), tuple(seeds), runs_dir, scrolls_data, tables=not only)
+    ran = claims_run(prof, everything) if only else []
+    if missing := [i for i in only if i not in ran]:
+        raise ValueError(f"--claims {' '.join(missing)}: not run by profile {profile} "
+                         f"({'its claims: ' + ', '.join(ran) if ran else 'it runs no claim'})")
+    return steps
+
+
+def claims_run(prof: Profile, cfg: ClaimsConfig) -> list[str]:
+    """The ids of the claims of ``cfg`` that ``prof`` runs, its ``then`` profiles' included."""
+    chain = [prof]
+    while chain[-1].then and chain[-1].then not in [p.name for p in chain]:
+        chain.append(load_profile(chain[-1].then))
+    return [c.id for c in cfg.claims if any(p.runs_claim(c) for p in chain)]
 
 
 def _steps(prof: Profile, cfg: ClaimsConfig, seeds: tuple[int, ...], runs_dir: Path,
@@ -253,7 +314,9 @@ def table_steps(prof: Profile, seeds: Sequence[int], runs_dir: Path, scrolls_dat
             step = replace(step, experiment="", seeds=(0,), overrides=(*step.overrides, f"output_dir={out_dir}"),
                            done_file=out_dir / "efficiency.json")
         out.append(step)
-    return out
+    needed = {s["after"] for name, s in prof.steps.items() if s.get("after")
+              and not next(o for o in out if o.name == name).unavailable}
+    return [replace(s, feeds=True) if s.name in needed else s for s in out]
 
 
 def scrolls_datasets(data_dir: Path | None) -> tuple[tuple[str, ...], str]:

@@ -80,9 +80,12 @@ def publish_benchmark(runs_dir: Path, profile: str, out_dir: Path) -> bool:
 
 
 def pending(step: Step, runs: Sequence[Run]) -> list[tuple[str, str, int]]:
-    """(experiment, pe, seed) of the step's runs that have not finished."""
+    """(experiment, pe, seed) of the step's runs that have not finished (for a step whose runs a
+    later one starts from, finished with a checkpoint here: a record holds none)."""
     if step.unavailable or step.done_file is not None:
         return []
+    if step.feeds:
+        runs = [r for r in runs if (r.path / "checkpoints" / "last.ckpt").is_file()]
     if step.match:  # a claim arm: only runs of the arm's command count (the report pools no other)
         done = {(r.experiment, r.pe, r.seed) for r in runs if r.finished and r.pe in step.pes
                 and all(lookup(r.config(), k) == v for k, v in step.match.items()) and _steps_setting(step, r)}

@@ -25,6 +25,8 @@ def finish(runs: Path, experiment: str, pe: str, seed: int, name: str, done: boo
     if done:
         (run / "metrics.json").write_text(json.dumps(
             {"experiment": experiment, "pe": pe, "seed": seed, "scale": experiment.split("/")[1]}))
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"")  # as pipelines.train leaves it; a record has none
     return run
 
 
@@ -627,3 +629,25 @@ def test_duplicate_seeds_count_once_and_the_estimate_runs_no_more_at_once_than_c
     steps = plan("cpu-full", runs_dir=tmp_path / "runs")
     expected = sum(len(s.seeds) * s.minutes for s in steps if s.minutes) / 2  # 2 cores: 2 at once, not 8
     assert f"about {expected:.0f} min with --jobs 8 (2 at once here)" in line and "benchmark" in line
+
+
+def test_pretraining_runs_kept_only_as_records_are_run_again_for_scrolls(tmp_path: Path) -> None:
+    """In a clone with committed records, pretraining counted as finished, so every SCROLLS run
+    failed: it fine-tunes a pretraining run's checkpoint, which a record does not hold."""
+    runs, records, data = tmp_path / "runs", tmp_path / "results" / "records", tmp_path / "scrolls"
+    pes = step(plan("tables", runs_dir=runs, scrolls_data=None), "pretrain").pes
+    for seed in (0,):
+        for pe in pes:
+            run = finish(tmp_path / "elsewhere", "pretrain/cpu", pe, seed, "20261122-205210-0835a8-0")
+            shutil.copytree(run, records / run.relative_to(tmp_path / "elsewhere"),
+                            ignore=shutil.ignore_patterns("checkpoints"))
+    assert not step(plan("tables", runs_dir=runs, scrolls_data=None), "pretrain").feeds  # no SCROLLS data here
+    assert pending(step(plan("tables", runs_dir=runs, scrolls_data=None), "pretrain"), find_runs(records)) == []
+    for split in ("train", "validation"):
+        (data / "qasper").mkdir(parents=True, exist_ok=True)
+        (data / "qasper" / f"{split}.jsonl").write_text("{}\n")
+    steps = [s for s in plan("tables", runs_dir=runs, scrolls_data=data) if s.name in ("pretrain", "scrolls")]
+    assert step(steps, "pretrain").feeds
+    runner = FakeRunner(runs, tmp_path / "results")
+    execute(steps, runs, runner, log=lambda _: None, jobs=2, records_dir=records)
+    assert len([c for c in runner.calls if "experiment=pretrain/cpu" in c]) == len(pes)
