@@ -32,7 +32,7 @@ test:  ## Run the test suite (about 10 minutes on 2 cores, one pytest-xdist work
 test-fast:  ## Run the tests not marked slow
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
-demo:  ## A first look in ~2 minutes: TAPE and RoPE on flip-flop, a figure and a paired table in runs/demo/report/
+demo:  ## A first look in ~2 minutes on 2 idle cores: TAPE and RoPE on flip-flop, a figure and a paired table in runs/demo/report/
 	$(BIN)/python -m pipelines.demo
 .PHONY: demo
 
@@ -40,7 +40,7 @@ bench:  ## Efficiency benchmark (CPU, ~25 min): writes runs/benchmark/cpu/effici
 	nice -n 10 $(BIN)/python -m pipelines.benchmark $(if $(OUT),output_dir=$(abspath $(OUT)))
 .PHONY: bench
 
-reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~12 h with JOBS=2 on 2 cores; --dry-run estimates what is left), tables (the paper's tables at cpu scale, SEEDS="0 1"), cpu-full (both, 8 seeds) or print PROFILE=paper's commands; JOBS=2 runs at once; skips finished runs; then renders results/
+reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~11 h with JOBS=2 on 2 cores; --dry-run estimates what is left), tables (the paper's tables at cpu scale, SEEDS="0 1"), cpu-full (both, 8 seeds) or print PROFILE=paper's commands; JOBS=2 runs at once; skips finished runs; then renders results/
 	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS) --seeds $(SEEDS) $(if $(CLAIMS),--claims $(CLAIMS))
 
 report:  ## Render results/ from the committed records in results/records (never W&B); your own runs: make report RUNS=runs OUT=runs/report
@@ -81,7 +81,7 @@ kernel-report:  ## The Triton kernels compiled for sm_90 here, no GPU needed: re
 .PHONY: gpu-check gpu-measure gpu-page gpu-unpack kernel-report
 
 # wheelhouse: wheels for a GPU node without network (Python $(PY)); install there with
-#   pip install --no-index --find-links .whl hydra-core omegaconf   (WITH="wandb==0.31.0 ..." for more)
+#   pip install --no-index --no-deps .whl/*.whl   (docs/devices.md; WITH="wandb==0.31.0 ..." for more)
 PY   ?= 3.12
 WITH ?=
 WHEEL_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 any,--platform $(p))

@@ -439,13 +439,16 @@ def estimate(steps: Sequence[Step], runs_dir: Path, jobs: int, records_dir: Path
     return line + (f" (plus {', '.join(unknown)}: no estimate)" if unknown else "")
 
 
-def summary(outcomes: Sequence[Outcome]) -> str:
-    """The progress table: per step, runs ran / skipped / left and its wall time."""
-    lines = ["| step | ran | skipped (finished before) | left | wall time (min, first start to last finish) | note |",
-             "|---|---|---|---|---|---|"]
+def summary(outcomes: Sequence[Outcome], dry_run: bool = False) -> str:
+    """The progress table: per step, runs ran / skipped / left and its wall time (none for a
+    dry run, which runs nothing)."""
+    wall = [] if dry_run else ["wall time (min, first start to last finish)"]
+    header = ["step", "ran", "skipped (finished before)", "left", *wall, "note"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for o in outcomes:
         note = o.note or ("; ".join(f"exit {c}" for c in o.returncodes if c) or "")
-        lines.append(f"| {o.step.name} | {o.ran} | {o.skipped} | {o.left} | {o.wall_s / 60:.1f} | {note} |")
+        cells = [o.step.name, o.ran, o.skipped, o.left, *([] if dry_run else [f"{o.wall_s / 60:.1f}"]), note]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
 
@@ -543,8 +546,9 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
         if args.dry_run:
             at_once = 1 if profile.scale == "gpu" else None  # a gpu profile's minutes are one run on one GPU
             print(estimate(steps, args.runs, args.jobs, records, profile.minutes_note, at_once))
-        print(summary(outcomes))
-        print(f"total wall time: {(time.perf_counter() - t0) / 60:.1f} min")
+        print(summary(outcomes, args.dry_run))
+        took = (time.perf_counter() - t0) / 60
+        print(f"the dry run took {took:.1f} min (it ran nothing)" if args.dry_run else f"total wall time: {took:.1f} min")
     if not args.no_report and not args.dry_run and not profile.print_only:
         scale = profile.scale
         ran = any(o.step.done_file is not None and o.ran for o in outcomes)  # this call ran the benchmark

@@ -622,7 +622,9 @@ def test_duplicate_seeds_count_once_and_the_estimate_runs_no_more_at_once_than_c
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     reproduce.main(["--profile", "tables", "--steps", "addition", "--seeds", "1", "1", "--dry-run",
                     "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")], runner=lambda launch: 1 / 0)
-    assert "| addition | 0 | 0 | 5 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| addition | 0 | 0 | 5 |" in printed  # seed 1 once
+    assert "wall time" not in printed and "the dry run took" in printed  # nothing ran: no wall times
     reproduce.main(["--profile", "cpu-full", "--jobs", "8", "--dry-run", "--runs", str(tmp_path / "runs"),
                     "--out", str(tmp_path / "out")], runner=lambda launch: 1 / 0)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("estimate:"))
