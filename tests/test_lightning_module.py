@@ -93,8 +93,15 @@ def test_tokens_per_second_counts_on_the_device_and_reads_once_per_log() -> None
 
 
 @pytest.mark.cuda
-def test_a_training_step_never_waits_for_the_gpu() -> None:
-    m = module().cuda().train()
+def test_a_training_step_never_waits_for_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two layers: TAPE's last layer carries no E and goes to SDPA, so one layer never reached
+    the Triton kernel this step is meant to cover."""
+    import tape.model.attention as attention
+
+    used: list[str] = []
+    dispatch = attention._dispatch
+    monkeypatch.setattr(attention, "_dispatch", lambda plan, *a: used.append(plan.backend) or dispatch(plan, *a))
+    m = CausalLMModule(dict(vocab_size=V, n_layers=2, d_model=32, n_heads=2, max_seq_len=16, pe="tape")).cuda().train()
     b = m.on_before_batch_transfer(batch(device="cuda"), 0)
     m.log = lambda *a, **k: None  # type: ignore[method-assign]
     torch.cuda.synchronize()
@@ -104,6 +111,7 @@ def test_a_training_step_never_waits_for_the_gpu() -> None:
         loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    assert "triton" in used, used
 
 
 def test_compiled_training_steps_match_eager_and_validation_stays_eager(monkeypatch: pytest.MonkeyPatch) -> None:
