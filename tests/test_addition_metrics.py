@@ -75,6 +75,15 @@ def test_digits_right_counts_answer_digits_at_their_place() -> None:
     assert digits_right(generated, gold) == [3, 2, 1, 0]
 
 
+def test_digits_after_an_early_eos_earn_nothing_even_where_they_line_up() -> None:
+    """After the first EOS everything is PAD: a 7 that lines up with the gold's third digit
+    behind an early EOS is not credited (only the leading 5 is)."""
+    gold = [[5, 6, 7, EOS]]
+    generated = torch.tensor([[5, EOS, 7, EOS, 9]])
+    assert digits_right(generated, gold) == [1]
+    assert exact_match(generated, gold) == [False]
+
+
 def test_oracle_wrong_in_one_digit_keeps_most_digit_accuracy() -> None:
     cells = evaluate_grid(Oracle(wrong_above=2), max_digits=4, examples_per_cell=3, seed=0)
     m = summarize(cells, train_digits=2)

@@ -65,3 +65,20 @@ def test_ablation_without_attention_update_reports_zero_attention_share():
                 layer.w1.weight.normal_(0, 0.5)
     out = e_movement(model, _ids())
     assert out["e_update_attn_mean"] == 0.0 and out["e_update_mlp_mean"] > 0.0
+
+
+def test_the_one_attention_update_of_two_layers_is_the_whole_movement():
+    """Two layers, the MLP update off: only layer 0 updates E (the last layer's E is never read),
+    so its attention share is the whole movement, not that over the layer count."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=32, n_layers=2, d_model=32, n_heads=4, pe="tape", max_seq_len=24,
+                      pe_options=dict(tape_mlp_update=False))
+    model = DecoderLM(cfg)
+    with torch.no_grad():
+        for layer in model.modules():
+            if isinstance(layer, TAPELayer) and layer.post_attn is not None:
+                layer.post_attn.weight.normal_(0, 0.5)
+    out = e_movement(model, _ids())
+    assert out["e_move_last"] == out["e_move_layer1"] > 1e-6
+    assert out["e_update_mlp_mean"] == 0.0
+    assert out["e_update_attn_mean"] == pytest.approx(out["e_move_layer1"], rel=1e-9)

@@ -120,6 +120,14 @@ def test_masked_and_unmasked_blocks_split_where_causality_says(nq, nk):
 
 
 @interpreted
+@pytest.mark.parametrize("offset", range(16))
+def test_every_key_offset_modulo_the_block_splits_right(offset: int) -> None:
+    """Nk - Nq at each residue modulo BLOCK_N: ``full`` (forward and backward) must never hand the
+    unmasked loop a key block that a block's first query row may not see."""
+    _compare((1, 2, 1, 17, 17 + offset, 16, 16, 8), block=16, seed=offset)
+
+
+@interpreted
 @pytest.mark.parametrize("nq, nk", BLOCK_EDGES[1::3], ids=[f"{a}x{b}" for a, b in BLOCK_EDGES[1::3]])
 def test_one_masked_loop_as_compiled_fp32_runs_it(nq, nk, monkeypatch):
     """Compiled fp32 does not split (``splits``): its one masked loop over every block, here under

@@ -79,6 +79,27 @@ def test_the_batch_index_stays_on_the_host() -> None:
     assert moved["batch_index"] == 3 and type(moved["batch_index"]) is int
 
 
+def test_each_batch_index_reseeds_its_own_randomness() -> None:
+    """``_reseed`` draws from (seed, rank, batch index): the same index replays the same draws
+    (exact resume), another index draws anew (RandPE's positions change from step to step)."""
+    m = module()
+    draws = {}
+    for index in (3, 4, 3):
+        m._reseed(index)
+        draws.setdefault(index, []).append(torch.rand(8))
+    torch.testing.assert_close(draws[3][0], draws[3][1], rtol=0, atol=0)
+    assert not torch.equal(draws[3][0], draws[4][0])
+    randpe = CausalLMModule(dict(vocab_size=V, n_layers=1, d_model=32, n_heads=2, max_seq_len=16, pe="randpe")).train()
+    randpe.log = lambda *a, **k: None  # type: ignore[method-assign]
+    losses = {}
+    with torch.no_grad():
+        for index in (3, 4, 3):
+            step = {**batch(), "batch_index": torch.tensor(index)}
+            losses.setdefault(index, []).append(randpe.training_step(step, 0))
+    torch.testing.assert_close(losses[3][0], losses[3][1], rtol=0, atol=0)
+    assert not torch.equal(losses[3][0], losses[4][0])
+
+
 def test_tokens_per_second_counts_on_the_device_and_reads_once_per_log() -> None:
     callback = TokensPerSecond(pad_id=0)
     trainer = SimpleNamespace(log_every_n_steps=2, world_size=1)
@@ -166,6 +187,37 @@ def test_training_batches_are_pinned_on_a_gpu_machine(monkeypatch: pytest.Monkey
     assert not loader(stream).pin_memory  # no GPU here
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert loader(stream).pin_memory
+
+
+def test_scored_targets_counts_the_predicted_positions() -> None:
+    """A batch's scored targets are labels 1..N-1 (position t predicts t + 1), not 0..N-2."""
+    from tape.lightning.datamodule import scored_targets
+
+    labels = batch()["labels"]
+    assert int((labels[:, 1:] != IGNORE_INDEX).sum()) != int((labels[:, :-1] != IGNORE_INDEX).sum())
+    assert scored_targets(labels) == int((labels[:, 1:] != IGNORE_INDEX).sum()) == 25
+
+
+def test_a_loader_batch_trains_on_the_mean_nll_of_its_scored_targets() -> None:
+    """Through the training loader (``step_scored`` set by StepWindows), the returned and the
+    logged loss are the cross entropy over the scored positions, not a sum over a wrong count."""
+    from tape.lightning.datamodule import loader
+
+    class Batches(torch.utils.data.IterableDataset):
+        def __iter__(self):  # noqa: ANN204
+            yield batch()
+
+    (b,) = list(loader(Batches()))
+    m = module().eval()
+    logged: dict[str, torch.Tensor] = {}
+    m.log = lambda name, value, **_: logged.__setitem__(name, value)  # type: ignore[method-assign]
+    with torch.no_grad():
+        logits, targets, mask = m._scored(b)
+        expected = F.cross_entropy(logits[mask].float(), targets[mask])
+        loss = m.training_step(b, 0)
+    assert int(b["step_scored"]) == int(mask.sum()) == 25
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(logged["train/loss"], expected)
 
 
 def test_accumulated_batches_train_as_one_large_batch() -> None:

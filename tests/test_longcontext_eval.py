@@ -203,3 +203,25 @@ def test_passkey_accuracy_with_an_oracle_and_a_wrong_model():
 
     assert passkey_accuracy(Oracle(True), encode, 300, trials=3)["accuracy"] == 1.0
     assert passkey_accuracy(Oracle(False), encode, 300, trials=3)["accuracy"] == 0.0
+
+
+def test_passkey_accuracy_runs_one_prompt_per_seed_from_seed_on():
+    """Trial t is the prompt of seed + t: ``trials`` distinct prompts (and keys), not one
+    prompt scored ``trials`` times."""
+    prompts = []
+
+    class Recorder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, input_ids, past_key_values=None, **kwargs):
+            if past_key_values is None:  # a trial's first call: its whole prompt
+                prompts.append(input_ids[0].tolist())
+            return type("Out", (), {"logits": torch.zeros(*input_ids.shape, 300), "past_key_values": input_ids})()
+
+    encode = lambda text: [3 + (ord(ch) % 250) for ch in text]  # noqa: E731
+    passkey_accuracy(Recorder(), encode, 300, trials=3, seed=5)
+    expected = [passkey_prompt(300, 5 + t) for t in range(3)]
+    assert prompts == [encode(p.text) for p in expected]
+    assert len({p.key for p in expected}) == 3

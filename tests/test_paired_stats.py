@@ -106,6 +106,15 @@ def test_no_difference_equivalent_with_wide_margin_inconclusive_with_narrow() ->
     assert c.verdict == "inconclusive"
 
 
+def test_equivalence_reads_the_90_percent_interval_not_the_95() -> None:
+    """Δ alternating ±1.26 over 8 seeds: the 90 % interval (≈ ±0.90) lies inside ±1, the 95 %
+    one (≈ ±1.13) does not; two one-sided tests at 5 % make it equivalent."""
+    d = np.array([1.26, -1.26] * 4)
+    [c] = decide([compare(seeds(100 + d), seeds(np.full(8, 100.0)), PPL)])
+    assert -1 < c.ci90[0] and c.ci90[1] < 1 and c.ci95[0] < -1 and 1 < c.ci95[1]
+    assert c.within_margin and c.verdict == "equivalent"
+
+
 def test_t_and_sign_flip_must_agree() -> None:
     # five large improvements and one small loss: the t test says p ~ 0.01, the sign-flip test
     # 4/64 (flipping the small one is as extreme): no difference

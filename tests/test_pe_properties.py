@@ -53,6 +53,16 @@ def test_cached_generation_matches_recomputation(pe, shape):
     assert torch.allclose(logits_c, full, atol=1e-5, rtol=1e-4)
 
 
+def test_cached_fire_generation_in_its_absolute_regime_matches_a_full_forward() -> None:
+    """FIRE with a small ``fire_init_L`` reads absolute positions: generation must count them
+    from 0 as the full forward does (positions off by one show only here)."""
+    model = tiny_model("fire", dtype=torch.float64, max_seq_len=64, fire_init_L=4.0)
+    prompt = torch.randint(0, 37, (2, 7), generator=torch.Generator().manual_seed(2))
+    ids_c, logits_c = model.generate(prompt, max_new_tokens=9, return_logits=True)
+    full = model(ids_c[:, :-1]).logits[:, prompt.shape[1] - 1 :]
+    assert torch.allclose(logits_c, full, atol=1e-10, rtol=0)
+
+
 @pytest.mark.parametrize("pe", ALL_PES)
 def test_chunked_prefill_with_cache(pe):
     """Feeding a sequence in chunks through the cache equals one full forward."""

@@ -314,6 +314,25 @@ def test_resuming_with_another_data_dir_is_not_a_changed_setting(tmp_path: Path)
         check_resumable(moved, run / "checkpoints" / "last.ckpt")
 
 
+def test_a_checkpoint_at_exactly_max_steps_is_refused_with_nothing_left_to_train(make_cfg, tmp_path: Path) -> None:
+    """A checkpoint at step == trainer.max_steps whose run never wrote metrics.json (in its run
+    or moved out of it) has nothing left to train: refused before anything is written."""
+    first = make_cfg("trainer.max_steps=6", name="killed")
+    run = Path(first.paths.output_dir)
+    (run / "checkpoints").mkdir(parents=True)
+    OmegaConf.save(first, run / "config.yaml", resolve=True)
+    torch.save({"state_dict": {}, "global_step": 6}, run / "checkpoints" / "last.ckpt")
+    loose = tmp_path / "loose.ckpt"
+    config = OmegaConf.to_container(first, resolve=True)
+    torch.save({"state_dict": {}, "global_step": 6, "callbacks": {"RunHistory": {"config": config}}}, loose)
+    for target in (run, loose):
+        cfg = make_cfg("trainer.max_steps=6", f"ckpt_path={target}", name="again")
+        refused = r"is at step 6, and trainer\.max_steps=6; nothing is left to train"
+        with pytest.raises(PipelineConfigError, match=refused):
+            train(cfg)
+        assert not Path(cfg.paths.output_dir).exists()
+
+
 def test_a_corrupt_checkpoint_is_named_by_its_key_before_anything_is_written(make_cfg, tmp_path: Path) -> None:
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"not a checkpoint at all" * 10)
