@@ -34,7 +34,7 @@ from pipelines.precision import device_default, eval_autocast, evaluation_precis
 from pipelines.result_files import write_json_once
 from pipelines.run_dirs import claim_run_dir
 from pipelines.run_source import RunSource, open_run
-from pipelines import tasks
+from pipelines import tasks, wandb_log
 
 # The keys of conf/evaluate.yaml's own ``task:`` block: changes to the run's own task settings.
 RERUN_KEYS = ("eval_max_digits", "examples_per_cell", "eval_seed", "eval_batch_size")
@@ -100,9 +100,9 @@ def check_rerun_changes(run_cfg: DictConfig, changes: dict[str, Any]) -> None:
             f"setting; its settings are {', '.join(sorted(own))}")
 
 
-def make_loggers(cfg: DictConfig, source: RunSource, out_dir: Path) -> list[Any]:
-    """The chosen ``logger=`` group, else the run's own loggers, writing under ``out_dir`` (never
-    into the run's files); a CSV logger when neither exists."""
+def logger_group(cfg: DictConfig, source: RunSource, out_dir: Path) -> DictConfig:
+    """The chosen ``logger=`` group, else the run's own loggers, resolved to write under
+    ``out_dir`` (never into the run's files); a CSV logger when neither exists."""
     group = cfg.get("logger")
     if group is None and source.run_cfg is not None and "logger" in source.run_cfg:
         group = source.run_cfg.logger
@@ -126,7 +126,14 @@ def make_loggers(cfg: DictConfig, source: RunSource, out_dir: Path) -> list[Any]
             node["save_dir"] = str(out_dir)
         if node and "job_type" in node:
             node["job_type"] = "eval"
-    return instantiate_group(OmegaConf.create(group))
+    return OmegaConf.create(group)
+
+
+def make_loggers(cfg: DictConfig, source: RunSource, out_dir: Path) -> list[Any]:
+    """``logger_group``'s loggers, instantiated."""
+    loggers = instantiate_group(logger_group(cfg, source, out_dir))
+    wandb_log.drop_wandb_anonymous(loggers)
+    return loggers
 
 
 def print_metrics(metrics: dict[str, Any]) -> None:
@@ -157,9 +164,10 @@ def check_settings(cfg: DictConfig) -> None:
         raise PipelineConfigError(problem)
     if str(cfg.precision) != "auto":
         known_precision(str(cfg.precision), "precision", "auto, 32, bf16-mixed or 16-mixed")
+    source = open_run(Path(cfg.run_dir), str(cfg.ckpt), cfg.get("stage"))
+    wandb_log.check_online_login(OmegaConf.create({"logger": logger_group(cfg, source, Path("."))}))
     if cfg.task.get("name") is not None:
         return
-    source = open_run(Path(cfg.run_dir), str(cfg.ckpt), cfg.get("stage"))
     task_cfg = own_task_config(OmegaConf.to_container(cfg.task, resolve=True), source)
     tasks.get(task_cfg.name).check(task_cfg)
 
@@ -173,6 +181,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     device = resolve_device(str(cfg.device))
     source = open_run(Path(cfg.run_dir), str(cfg.ckpt), cfg.get("stage"))
     out_dir = Path(cfg.paths.output_dir)
+    # wandb missing, or wandb_online without a login: said now, not after the evaluation ran
+    wandb_log.check_online_login(OmegaConf.create({"logger": logger_group(cfg, source, out_dir)}))
     out_dir.mkdir(parents=True, exist_ok=True)
     task_cfg = task_config(cfg, source, out_dir)
     task = tasks.get(task_cfg.name)
@@ -197,9 +207,14 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         metrics.update(task.evaluate(model, task_cfg, out_dir, title))
     metrics["wall_time_s"] = time.perf_counter() - t0
     write_json_once(out_dir / "metrics.json", metrics)
-    for lg in make_loggers(cfg, source, out_dir):
-        lg.log_metrics({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, float)},
-                       step=int(facts.get("steps", 0)))
+    loggers, step = make_loggers(cfg, source, out_dir), int(facts.get("steps", 0))
+    evaluated = OmegaConf.create({"task": task_cfg, "evaluated": {**labels, "run_dir": str(source.run_dir),
+                                  "stage": source.stage, "checkpoint": str(source.ckpt), "device": device,
+                                  "precision": precision, "dtype": str(cfg.dtype)}})
+    wandb_log.log_config(loggers, evaluated)  # what was evaluated, and how
+    wandb_log.log_results(loggers, out_dir, evaluated, step)  # the task's tables and figures
+    for lg in loggers:
+        lg.log_metrics({f"eval/{k}": v for k, v in metrics.items() if isinstance(v, float)}, step=step)
         lg.finalize("success")
     print_metrics(metrics)
     return metrics

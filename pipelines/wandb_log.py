@@ -11,6 +11,7 @@ logger exists.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
@@ -64,9 +65,15 @@ def has_wandb_login() -> bool:
 
 
 def check_online_login(cfg: DictConfig) -> None:
-    """logger=wandb_online without a login: one message naming the fix, before any directory
-    (W&B itself would fail after the run directory exists, with two tracebacks)."""
+    """A W&B logger without the wandb package, or logger=wandb_online without a login: one
+    message naming the fix, before any directory (W&B itself would fail after the run directory
+    exists, with two tracebacks)."""
     wandb_cfg = (cfg.get("logger") or {}).get("wandb")
+    if wandb_cfg is not None and importlib.util.find_spec("wandb") is None:
+        raise PipelineConfigError(
+            "this logger writes to W&B, but the wandb package is not installed (pip install "
+            "wandb==0.31.0, or make wheelhouse WITH=wandb==0.31.0 for a node without network); "
+            "or run with logger=csv or logger=none")
     if wandb_cfg is None or wandb_cfg.get("offline", True):
         return
     if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or has_wandb_login():

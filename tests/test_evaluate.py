@@ -441,3 +441,30 @@ def test_a_sweep_evaluates_into_the_runs_eval_dir_and_a_failure_leaves_nothing(
     assert [p.name[-2:] for p in evals] == ["-0", "-1"] and all((p / "metrics.json").is_file() for p in evals)
     assert [p.name for p in cwd.iterdir()] == ["runs"]  # runs/multirun/<time>-<id>/multirun.yaml only
     assert [p.name for p in (cwd / "runs" / "multirun").iterdir()][0] and not list(cwd.glob("runs/multirun/*/*/"))
+
+
+def test_wandb_online_without_a_login_is_refused_before_evaluating(randpe_addition: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """evaluate ran the evaluation, claimed its folder, then failed in W&B with two tracebacks."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: no `wandb login`
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    with pytest.raises(PipelineConfigError, match="logger=wandb_online needs a W&B login"):
+        run_eval(randpe_addition, "logger=wandb_online", "task.examples_per_cell=1", name="online")
+    assert not (randpe_addition / "eval" / "online").exists()
+
+
+def test_an_evaluations_wandb_run_holds_its_config_tables_and_figures(randpe_addition: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evaluation's offline W&B run had only its scalar metrics: no config, no grid, no heatmap."""
+    pytest.importorskip("wandb")
+    logged: dict[str, object] = {}
+    monkeypatch.setattr(evaluate_mod.wandb_log, "log_config",
+                        lambda loggers, cfg: logged.setdefault("config", OmegaConf.to_container(cfg)))
+    monkeypatch.setattr(evaluate_mod.wandb_log, "log_results",
+                        lambda loggers, run_dir, cfg, step: logged.setdefault("results", sorted(
+                            evaluate_mod.wandb_log.result_tables(run_dir, cfg))))
+    run_eval(randpe_addition, "logger=wandb", "task.examples_per_cell=1", name="wandb")
+    config = logged["config"]
+    assert config["task"]["name"] == "addition" and config["evaluated"]["pe"] == "randpe"
+    assert config["evaluated"]["run_dir"] == str(randpe_addition) and logged["results"] == ["eval/grid"]

@@ -175,3 +175,19 @@ def test_a_training_length_no_memory_here_holds_is_refused(tmp_path: Path, prese
     assert "task.seq_len=100000000 with task.batch_size=" in both and "lower task.seq_len" in both
     assert not (tmp_path / "runs").exists()
 
+
+
+def test_a_wandb_logger_without_the_wandb_package_is_refused_before_any_folder(monkeypatch) -> None:
+    """On a GPU node installed from the wheelhouse (wandb optional) the default logger claimed
+    the run folder, then crashed in log_config with ModuleNotFoundError."""
+    import importlib.util
+
+    from conftest import compose_config
+    from pipelines import wandb_log
+    from pipelines.errors import PipelineConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(PipelineConfigError, match="wandb package is not installed.*logger=csv"):
+        wandb_log.check_online_login(compose_config("config", ["logger=wandb"]))
+    wandb_log.check_online_login(compose_config("config", ["logger=csv"]))  # no W&B: nothing to check
