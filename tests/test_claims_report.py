@@ -445,3 +445,25 @@ def test_pairs_that_differ_in_more_than_the_arms_are_flagged(tmp_path: Path) -> 
     c1_runs(runs_alike, range(8))
     render(runs_alike, tmp_path / "alike-results")
     assert "like for like" not in rows(tmp_path / "alike-results" / "tables" / "claims_all.csv")["C1"]["verdict"]
+
+
+def test_the_flipflop_figure_gives_every_arm_its_own_colour(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """13 arms in the committed records shared matplotlib's 10 default colours (RoPE and a RoPE
+    ablation drawn alike), and the legend sat on the dense panel's data."""
+    import tape.report.flipflop as flipflop
+
+    runs = tmp_path / "runs"
+    for i in range(12):  # 12 arms: each PE twice, the second trained longer (its own arm)
+        pe = ("rope", "tape", "nope", "fire", "alibi", "randpe")[i % 6]
+        make_run(runs, "flipflop/cpu", pe, 0, f"20261123-1000{i:02d}-aaaaaa-{i}", flipflop_metrics(1.0 + i),
+                 config("flipflop", TAPE_PE if pe == "tape" else {"name": pe}, steps=400 + 10 * (i // 6)))
+    drawn: list = []
+    monkeypatch.setattr(flipflop, "save_png", lambda fig, path, overwrite=False: drawn.append(fig))
+    render(runs, tmp_path / "results")
+    (fig,) = drawn
+    panels = [ax for ax in fig.axes if ax.get_lines()]
+    for ax in panels:
+        colours = [line.get_color() for line in ax.get_lines()]
+        assert len(colours) == 12 and len(set(colours)) == 12, ax.get_title()
+    legend = panels[-1].get_legend()
+    assert legend is not None and legend.get_bbox_to_anchor().x0 > panels[-1].bbox.x1  # beside, not on, the data

@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 
+from tape.report.claim_figures import COLOURS
 from tape.report.document import Context, Figure, Section
 from tape.report.groups import Group, group_by, metric, of_scale, ordered
 from tape.report.heatmap import save_png
@@ -96,6 +97,7 @@ def _figure(ctx: Context, scale: str, groups: dict[str, Group], sparsities: list
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(sparsities), squeeze=False, sharey=True)[0]
     for ax, s in zip(axes, sparsities):
+        ax.set_prop_cycle(color=COLOURS)  # 20 colours apart: the default 10 repeat over 13 arms
         for pe in ordered(groups, FLIPFLOP_PES):
             runs = groups.get(pe, Group()).finished
             per_seed = np.array([[float((r.metrics or {}).get(f"read_error_{s}_{m}x", np.nan)) for m in mults]
@@ -112,7 +114,7 @@ def _figure(ctx: Context, scale: str, groups: dict[str, Group], sparsities: list
         ax.set_title(f"{s}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel(f"read error (%), 0 drawn at {FLOOR}")
-    axes[-1].legend(fontsize=7)
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the panels, off the data
     fig.suptitle(f"Flip-flop read error by length ({scale} scale, ours; dots: seeds)")
     path, rel = ctx.figure_path(f"flipflop_{scale}.png")
     save_png(fig, path, overwrite=True)
