@@ -208,7 +208,12 @@ def plan(profile: str, seeds: Sequence[int] = (0,), runs_dir: Path = Path("runs"
     everything = claims or load_claims()
     prof = load_profile(profile)
     steps = _steps(prof, select_claims(everything, only), tuple(seeds), runs_dir, scrolls_data, tables=not only)
-    ran = claims_run(prof, everything) if only else []
+    ran = claims_run(prof, everything)
+    if prof.claims is not None and not ran:  # e.g. claims.profiles: [gpus], a tag no claim has
+        used = sorted({t for c in everything.claims for t in c.profiles})
+        raise ValueError(f"profile {profile} runs no claim: its claims.profiles "
+                         f"{list(prof.claims.get('profiles') or [])} name no claim's `profiles` in conf/claims.yaml "
+                         f"(they use {', '.join(used)}); set unlisted: true for the claims without one")
     if missing := [i for i in only if i not in ran]:
         raise ValueError(f"--claims {' '.join(missing)}: not run by profile {profile} "
                          f"({'its claims: ' + ', '.join(ran) if ran else 'it runs no claim'})")

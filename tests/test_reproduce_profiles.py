@@ -120,3 +120,10 @@ def test_claims_of_a_then_profile_count(plan_dir: Path, tmp_path: Path) -> None:
 def test_every_profile_loads_and_plans(name: str, tmp_path: Path) -> None:
     prof = load_profile(name)
     assert plan(name, runs_dir=tmp_path, scrolls_data=None) or prof.print_only
+
+
+def test_a_profile_whose_claim_tags_match_no_claim_is_refused(plan_dir: Path) -> None:
+    """claims: {profiles: [gpus]} (a typo of gpu) gave an empty plan without a word."""
+    (plan_dir / "zz-typo.yaml").write_text("description: a typo\nclaims:\n  profiles: [gpus]\n")
+    with pytest.raises(ValueError, match=r"profile zz-typo runs no claim: its claims.profiles \['gpus'\].*cpu-full, gpu"):
+        plan("zz-typo")
