@@ -548,7 +548,8 @@ def main(argv: Sequence[str] | None = None, runner: Runner = run_command) -> int
             print(estimate(steps, args.runs, args.jobs, records, profile.minutes_note, at_once))
         print(summary(outcomes, args.dry_run))
         took = (time.perf_counter() - t0) / 60
-        print(f"the dry run took {took:.1f} min (it ran nothing)" if args.dry_run else f"total wall time: {took:.1f} min")
+        print(f"the dry run took {took:.1f} min (it ran nothing)" if args.dry_run
+              else f"total wall time: {took:.1f} min")
     if not args.no_report and not args.dry_run and not profile.print_only:
         scale = profile.scale
         ran = any(o.step.done_file is not None and o.ran for o in outcomes)  # this call ran the benchmark

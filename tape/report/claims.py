@@ -365,7 +365,7 @@ def control_results(claim: Claim, arm: Arm, runs: list[Run], require: Mapping[st
 
 def _unlike(result: ClaimResult, c: Comparison, cfg: ClaimsConfig) -> list[tuple[dict[str, Any], list[int]]]:
     """The paired seeds whose two runs differ in more than the PE and the arms' own keys
-    (NOT_SETTINGS aside), grouped by the treatment's differing values; [] when like for like."""
+    (NOT_SETTINGS aside), grouped by the values that differ (first's vs second's); [] when like for like."""
     runs = {name: {r.seed: r for r in result.arm_runs.get(name, [])} for name in (c.treatment, c.baseline)}
     ignore = (*NOT_SETTINGS, "pe", *cfg.arms[c.treatment].match, *cfg.arms[c.baseline].match)
     by_diff: dict[str, tuple[dict[str, Any], list[int]]] = {}
