@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from pipelines.hydra_conf import compose_or_none
 from tape.report.settings import differences, setting_values
@@ -17,14 +17,37 @@ from tape.report.settings import differences, setting_values
 @functools.cache
 def preset_setting(experiment: str, pe: str, overrides: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """The flat setting of ``experiment=<experiment> pe=<pe>`` (and ``overrides``: a claim
-    arm's) as conf/ has it now; None when it does not compose (an experiment renamed on the
-    command line has no preset). Values that still hold an interpolation are left out (the
-    run's resolved value is compared)."""
+    arm's) as conf/ has it now, completed as training completes it (``task.prepare``: the
+    vocabulary and length a task derives) and resolved where it resolves; None when it does not
+    compose (an experiment renamed on the command line has no preset). A value left
+    interpolated (``${hydra:...}``, paths) is left out."""
     cfg = compose_or_none("config", [f"experiment={experiment}", f"pe={pe}", *overrides])
     if cfg is None:
         return None
-    config = OmegaConf.to_container(cfg, resolve=False)
-    return {k: v for k, v in setting_values(config).items() if not (isinstance(v, str) and "${" in v)}
+    _prepare(cfg)
+    flat = setting_values(OmegaConf.to_container(cfg, resolve=False))
+    for key, value in list(flat.items()):
+        if isinstance(value, str) and "${" in value:
+            try:
+                flat[key] = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+            except Exception:  # noqa: BLE001 - a resolver only a Hydra job has: not a setting
+                del flat[key]
+    return flat
+
+
+def _prepare(cfg: DictConfig) -> None:
+    """``task.prepare`` as pipelines.train runs it, where it needs nothing but the config (SCROLLS
+    adopts a pretraining run: its keys stay as conf/ has them)."""
+    from pipelines import tasks
+    from pipelines.errors import PipelineConfigError
+
+    name = str(cfg.task.get("name"))
+    if name == "scrolls" or name not in tasks.names():
+        return
+    try:
+        tasks.get(name).prepare(cfg)
+    except PipelineConfigError:  # a value validate() refuses: compared as conf/ has it
+        pass
 
 
 def is_preset_run(config: dict[str, Any], experiment: str, pe: str, overrides: tuple[str, ...] = ()) -> bool:
