@@ -7,7 +7,6 @@ import typing
 from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import PipelineConfigError
-from pipelines.fits import check_fits
 from pipelines.precision import evaluation_precision, training_precision
 from tape.typecheck import type_problems
 
@@ -80,7 +79,6 @@ def check_trainer(cfg: DictConfig) -> None:
     and the training step's memory are checked here too."""
     check_optim(cfg)
     check_compile(cfg)
-    check_fits(cfg)
     training_precision(cfg)
     if cfg.get("evaluate", True):
         evaluation_precision(cfg)

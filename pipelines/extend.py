@@ -12,7 +12,7 @@ def argv_with_experiment(argv: list[str]) -> list[str]:
     """The command-line overrides, with the cpu preset added when no experiment is chosen."""
     if any(a.lstrip("+~").startswith("experiment=") for a in argv):
         return argv
-    return [*argv, "experiment=context_extension/cpu"]
+    return ["experiment=context_extension/cpu", *argv]  # first: a Hydra flag (--cfg job) may end the line
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def sweep_problem(config_name: str, overrides: list[str],
         jobs = sweep_jobs(overrides)
     except Exception:  # noqa: BLE001 - a sweep the parser cannot expand here: Hydra reports it
         return None
-    if len(jobs) < 2:
+    if not jobs:  # one job too: a refused -m leaves no multirun folder
         return None
     failures: dict[str, list[str]] = {}
     for label, job in jobs:

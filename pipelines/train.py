@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines import wandb_log
 from pipelines.config_checks import check_accelerator, check_compile, check_trainer
+from pipelines.fits import check_fits
 from pipelines.entry import run_entry, task_wrapper
 from pipelines.hydra_conf import instantiate_group
 from pipelines.logs import job_log_name, quiet_known_noise, start_log_file
@@ -60,6 +61,7 @@ def check_settings(cfg: DictConfig) -> tasks.Task:
     else:
         check_trainer(cfg)
         task.prepare(cfg)  # e.g. fine-tuning adopts its pretrained run's model config
+        check_fits(cfg)  # after prepare: it fills the lengths and vocabularies some tasks derive
         task.refuse_training()  # an evaluation task (passkey, perplexity) says how to run it
         task.validate(cfg)  # every config error surfaces here, before any training
     check_accelerator(cfg.trainer)

@@ -473,7 +473,8 @@ def test_smoke_runs_on_two_ddp_processes(tmp_path, data_dir):
 def test_extend_alias_runs_the_cpu_preset_unless_told_otherwise():
     from pipelines.extend import argv_with_experiment
 
-    assert argv_with_experiment(["seed=1"]) == ["seed=1", "experiment=context_extension/cpu"]
+    assert argv_with_experiment(["seed=1", "--cfg", "job"]) == [  # first: a flag may end the line
+        "experiment=context_extension/cpu", "seed=1", "--cfg", "job"]
     assert argv_with_experiment(["experiment=context_extension/smoke", "threads=1"]) == [
         "experiment=context_extension/smoke", "threads=1"]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import CONF_DIR, compose_config
+from pipelines import tasks
+from pipelines.errors import PipelineConfigError
 from pipelines.fits import GIB, Step, step_floor_bytes, training_step
 
 PRESETS = sorted(str(p.relative_to(CONF_DIR / "experiment").with_suffix(""))
@@ -23,8 +25,21 @@ def test_the_floor_grows_with_length_batch_bias_and_precision() -> None:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_is_under_its_devices_memory(preset: str) -> None:
     """Paper presets run on one 80 GB GPU, the others on a laptop: none may be refused there."""
-    step = training_step(compose_config("config", [f"experiment={preset}", "pe=alibi"]))
+    cfg = compose_config("config", [f"experiment={preset}", "pe=alibi"])
+    if cfg.task.name != "scrolls":  # prepare fills the lengths some tasks derive (scrolls reads a run)
+        tasks.get(str(cfg.task.name)).prepare(cfg)
+    step = training_step(cfg)
     if step is None:
         pytest.skip(f"{preset} has no single training length")
     limit = 78 if preset.endswith("/paper") else 8
     assert step_floor_bytes(step) < limit * GIB, (preset, step)
+
+
+@pytest.mark.parametrize("preset", ["parity/cpu", "counting/cpu", "word_problem/cpu", "addition/cpu"])
+def test_a_step_that_cannot_fit_is_refused_for_tasks_that_derive_their_length(preset: str) -> None:
+    """The check ran before task.prepare filled task.seq_len, so parity, counting and the word
+    problem passed any batch size (the floor was None)."""
+    from pipelines.train import check_settings
+
+    with pytest.raises(PipelineConfigError, match="needs at least .* GiB"):
+        check_settings(compose_config("config", [f"experiment={preset}", "pe=alibi", "task.batch_size=100000000"]))

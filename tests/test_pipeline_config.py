@@ -245,6 +245,9 @@ def test_a_sweep_with_one_bad_value_is_refused_before_any_job_starts(tmp_path: P
                   check_settings)  # NumPy refuses negative seeds: job 1 crashed after job 0 trained
     preflight("config", ["-m", "experiment=addition/smoke", "seed=0,1", f"paths.runs_dir={tmp_path}"],
               check_settings)  # a good sweep passes
+    with pytest.raises(PipelineConfigError, match="1 of the sweep's 1 jobs would fail"):  # a one-job -m too:
+        preflight("config", ["-m", "experiment=addition/smoke", "seed=x", f"paths.runs_dir={tmp_path}"],
+                  check_settings)  # it left runs/multirun/<time>/multirun.yaml behind
     preflight("config", ["experiment=addition/smoke", "seed=x", f"paths.runs_dir={tmp_path}"],
               check_settings)  # a single run: its task checks it, as before
 
