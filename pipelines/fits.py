@@ -4,7 +4,8 @@ The check compares a floor, not an estimate: the bytes one training step must at
 (each layer's residual stream, four tensors of B x N x d_model, or with gradient checkpointing
 each block's input and one block's four during its recompute; the logits and their gradient, and
 the B x H x N x N bias that bias encodings materialise) with the memory of the device that
-trains (of every process, for DDP on a CPU). A config under the floor may still run out of memory; one over it cannot run at all.
+trains (of every process, for DDP on a CPU). A config under the floor may still run out of
+memory; one over it cannot run at all.
 """
 
 from __future__ import annotations
