@@ -84,13 +84,8 @@ def pending(step: Step, runs: Sequence[Run]) -> list[tuple[str, str, int]]:
     later one starts from, finished with a checkpoint here: a record holds none)."""
     if step.unavailable or step.done_file is not None:
         return []
-    if step.feeds:
-        runs = [r for r in runs if (r.path / "checkpoints" / "last.ckpt").is_file()]
-    if step.match:  # a claim arm: only runs of the arm's command count (the report pools no other)
-        done = {(r.experiment, r.pe, r.seed) for r in runs if r.finished and r.pe in step.pes
-                and all(lookup(r.config(), k) == v for k, v in step.match.items()) and _steps_setting(step, r)}
-    else:  # a table: runs of the preset's setting (those the table prefers)
-        done = {(r.experiment, r.pe, r.seed) for r in runs if r.finished and _steps_setting(step, r)}
+    done = {(r.experiment, r.pe, r.seed) for r in runs
+            if r.finished and _steps_run(step, r) and (not step.feeds or _has_checkpoint(r))}
     return [(exp, pe, seed) for exp in step.experiments() for pe in step.pes for seed in step.seeds
             if (exp, pe, seed) not in done]
 
@@ -105,13 +100,25 @@ def resumable(step: Step, runs: Sequence[Run]) -> dict[tuple[str, str, int], Pat
     found: dict[tuple[str, str, int], Run] = {}
     for r in runs:
         key = (r.experiment, r.pe, r.seed)
-        if (r.finished or r.pe not in step.pes or r.seed not in step.seeds
-                or not (r.path / "checkpoints" / "last.ckpt").is_file() or live_owner(r.path) is not None
-                or not all(lookup(r.config(), k) == v for k, v in step.match.items()) or not _steps_setting(step, r)):
+        if (r.finished or r.seed not in step.seeds or not _has_checkpoint(r) or live_owner(r.path) is not None
+                or not _steps_run(step, r)):
             continue
         if key not in found or r.name > found[key].name:
             found[key] = r
     return {key: r.path for key, r in found.items()}
+
+
+def _steps_run(step: Step, run: Run) -> bool:
+    """Whether ``run`` is one of the step's: its PE, a claim arm's values (only runs of the arm's
+    command count: the report pools no other) and the setting its command composes (a table's:
+    the preset's, which the table prefers)."""
+    return (run.pe in step.pes and all(lookup(run.config(), k) == v for k, v in step.match.items())
+            and _steps_setting(step, run))
+
+
+def _has_checkpoint(run: Run) -> bool:
+    """A run directory's last checkpoint is here (a record holds none)."""
+    return (run.path / "checkpoints" / "last.ckpt").is_file()
 
 
 def _steps_setting(step: Step, run: Run) -> bool:
