@@ -129,9 +129,9 @@ def logger_group(cfg: DictConfig, source: RunSource, out_dir: Path) -> DictConfi
     return OmegaConf.create(group)
 
 
-def make_loggers(cfg: DictConfig, source: RunSource, out_dir: Path) -> list[Any]:
+def make_loggers(group: DictConfig) -> list[Any]:
     """``logger_group``'s loggers, instantiated."""
-    loggers = instantiate_group(logger_group(cfg, source, out_dir))
+    loggers = instantiate_group(group)
     wandb_log.drop_wandb_anonymous(loggers)
     return loggers
 
@@ -181,8 +181,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     device = resolve_device(str(cfg.device))
     source = open_run(Path(cfg.run_dir), str(cfg.ckpt), cfg.get("stage"))
     out_dir = Path(cfg.paths.output_dir)
+    group = logger_group(cfg, source, out_dir)
     # wandb missing, or wandb_online without a login: said now, not after the evaluation ran
-    wandb_log.check_online_login(OmegaConf.create({"logger": logger_group(cfg, source, out_dir)}))
+    wandb_log.check_online_login(OmegaConf.create({"logger": group}))
     out_dir.mkdir(parents=True, exist_ok=True)
     task_cfg = task_config(cfg, source, out_dir)
     task = tasks.get(task_cfg.name)
@@ -207,7 +208,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         metrics.update(task.evaluate(model, task_cfg, out_dir, title))
     metrics["wall_time_s"] = time.perf_counter() - t0
     write_json_once(out_dir / "metrics.json", metrics)
-    loggers, step = make_loggers(cfg, source, out_dir), int(facts.get("steps", 0))
+    loggers, step = make_loggers(group), int(facts.get("steps", 0))
     evaluated = OmegaConf.create({"task": task_cfg, "evaluated": {**labels, "run_dir": str(source.run_dir),
                                   "stage": source.stage, "checkpoint": str(source.ckpt), "device": device,
                                   "precision": precision, "dtype": str(cfg.dtype)}})
