@@ -165,7 +165,7 @@ def check_settings(cfg: DictConfig) -> None:
     if str(cfg.precision) != "auto":
         known_precision(str(cfg.precision), "precision", "auto, 32, bf16-mixed or 16-mixed")
     source = open_run(Path(cfg.run_dir), str(cfg.ckpt), cfg.get("stage"))
-    wandb_log.check_online_login(OmegaConf.create({"logger": logger_group(cfg, source, Path("."))}))
+    wandb_log.check_wandb(OmegaConf.create({"logger": logger_group(cfg, source, Path("."))}))
     if cfg.task.get("name") is not None:
         return
     task_cfg = own_task_config(OmegaConf.to_container(cfg.task, resolve=True), source)
@@ -183,7 +183,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     out_dir = Path(cfg.paths.output_dir)
     group = logger_group(cfg, source, out_dir)
     # wandb missing, or wandb_online without a login: said now, not after the evaluation ran
-    wandb_log.check_online_login(OmegaConf.create({"logger": group}))
+    wandb_log.check_wandb(OmegaConf.create({"logger": group}))
     out_dir.mkdir(parents=True, exist_ok=True)
     task_cfg = task_config(cfg, source, out_dir)
     task = tasks.get(task_cfg.name)

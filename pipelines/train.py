@@ -78,7 +78,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[Callback] = ()) -> dict[str
     run_dir = Path(cfg.paths.output_dir)
     if is_rank_zero():
         check_run_dir_new(run_dir)  # fails fast; the claim below is what makes it this run's
-    wandb_log.check_online_login(cfg)
+    wandb_log.check_wandb(cfg)
     task = check_settings(cfg)
     if task.runs_itself:  # a multi-stage task (context extension) runs its own fits
         quiet_known_noise()

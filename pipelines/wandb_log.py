@@ -64,7 +64,7 @@ def has_wandb_login() -> bool:
         return False
 
 
-def check_online_login(cfg: DictConfig) -> None:
+def check_wandb(cfg: DictConfig) -> None:
     """A W&B logger without the wandb package, or logger=wandb_online without a login: one
     message naming the fix, before any directory (W&B itself would fail after the run directory
     exists, with two tracebacks)."""

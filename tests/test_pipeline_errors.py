@@ -189,5 +189,5 @@ def test_a_wandb_logger_without_the_wandb_package_is_refused_before_any_folder(m
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(PipelineConfigError, match="wandb package is not installed.*logger=csv"):
-        wandb_log.check_online_login(compose_config("config", ["logger=wandb"]))
-    wandb_log.check_online_login(compose_config("config", ["logger=csv"]))  # no W&B: nothing to check
+        wandb_log.check_wandb(compose_config("config", ["logger=wandb"]))
+    wandb_log.check_wandb(compose_config("config", ["logger=csv"]))  # no W&B: nothing to check
