@@ -115,7 +115,7 @@ def test_a_resumed_run_keeps_the_best_checkpoint_curve_and_time(make_cfg, tmp_pa
     """A resume writes a new directory: its best-*.ckpt was the best of its own validations only
     (Lightning drops the score when the directory changes), its CSV held only the validations
     after the resume (the claims' steps_to read it) and train_time_s only its own part."""
-    common = ("pe=rope", "trainer.max_steps=12", "trainer.val_check_interval=3", "optim.lr=1.0",
+    common = ("pe=rope", "trainer.max_steps=9", "trainer.val_check_interval=3", "optim.lr=1.0",
               "optim.schedule=constant", "logger=csv", "evaluate=false")
     train(make_cfg(*common, runs_dir=tmp_path / "other"))
     full = tmp_path / "other/addition/smoke/rope/0/run"
