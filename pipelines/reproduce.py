@@ -46,6 +46,7 @@ from tape.report.records import RecordConflict, export_all, finished_runs
 from tape.report.runs import Run
 
 WANDB_GROUP_VAR = "TAPE_WANDB_GROUP"  # read by conf/logger/wandb.yaml
+WANDB_ARM_VAR = "TAPE_WANDB_ARM"  # the same: a claim arm's W&B run name and arm tag
 
 
 @dataclass
@@ -362,7 +363,7 @@ class _Wave:
         if self.dry_run:
             return
         t0 = time.perf_counter()
-        code = self.runner(Launch(argv, threads, path, self.env))
+        code = self.runner(Launch(argv, threads, path, {**self.env, **arm_env(out.step)}))
         t1 = time.perf_counter()
         with self.lock:
             out.returncodes.append(code)
@@ -375,6 +376,12 @@ class _Wave:
                      f"after {(t1 - t0) / 60:.1f} min")
         elif code:
             self.log(f"[{out.step.name}] exited with {code}; going on with the next command")
+
+
+def arm_env(step: Step) -> dict[str, str]:
+    """A claim arm's step names its runs in W&B (``C1-rope_abacus-seed0``, tag ``arm:C1-rope_abacus``):
+    arms of one PE (C1's Abacus on and off, C5's depths) would otherwise share a name."""
+    return {WANDB_ARM_VAR: step.name} if step.match else {}
 
 
 def _order(out: Outcome, seed: int) -> tuple[int, int, float]:

@@ -135,8 +135,8 @@ def test_logger_choices() -> None:
     assert set(compose_config("config", ["logger=csv"]).logger) == {"csv"}
     assert not compose_config("config", ["logger=none"]).logger
     tags = compose_config("config", ["experiment=addition/cpu", "pe=fire", "seed=3"]).logger.wandb
-    assert list(tags.tags) == ["experiment:addition/cpu", "task:addition", "pe:fire", "scale:cpu", "seed:3"]
-    assert tags.group == "addition/cpu" and tags.project == "tape-repro"
+    assert list(tags.tags) == ["experiment:addition/cpu", "task:addition", "pe:fire", "arm:fire", "scale:cpu", "seed:3"]
+    assert tags.group == "addition/cpu" and tags.project == "tape-repro" and tags.name == "fire-seed3"
 
 
 def test_unknown_preset_lists_the_choices() -> None:

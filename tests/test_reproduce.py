@@ -303,6 +303,32 @@ def test_one_reproduction_logs_to_one_wandb_group(tmp_path: Path, monkeypatch: p
     assert "experiment:addition/smoke" in cfg.logger.wandb.tags
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_arms_of_one_pe_get_their_own_wandb_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  jobs: int) -> None:
+    """C1's RoPE with and without Abacus were both ``rope-seed0`` in W&B, with the same tags."""
+    from conftest import compose_config
+
+    runs = tmp_path / "runs"
+    launches: list[Launch] = []
+    execute(plan("cpu", runs_dir=runs), runs, lambda la: launches.append(la) or 0, log=lambda _: None, jobs=jobs)
+    arms = {}
+    for la in launches:
+        args = dict(a.split("=", 1) for a in la.argv if "=" in a)
+        if args["experiment"] == "addition_c1/cpu" and args["pe"] == "rope":
+            arms[args["model.abacus"]] = la.env[reproduce.WANDB_ARM_VAR]
+    assert set(arms) == {"true", "false"} and arms["true"] != arms["false"]
+    for abacus, arm in arms.items():
+        monkeypatch.setenv(reproduce.WANDB_ARM_VAR, arm)
+        wandb = compose_config("config", ["experiment=addition_c1/cpu", "pe=rope", "seed=2",
+                                          f"model.abacus={abacus}"]).logger.wandb
+        assert wandb.name == f"{arm}-seed2" and f"arm:{arm}" in wandb.tags and "pe:rope" in wandb.tags
+    tables = FakeRunner(runs / "tables", tmp_path / "results")
+    execute(plan("tables", runs_dir=runs / "tables", scrolls_data=None), runs / "tables", tables,
+            log=lambda _: None, jobs=jobs)
+    assert not any(reproduce.WANDB_ARM_VAR in la.env for la in tables.launches)  # no arm: named by PE
+
+
 # ------------------------------------------------------------------ the claims (profile cpu)
 def finish_arm(runs: Path, experiment: str, pe: str, seed: int, name: str, config: dict) -> Path:
     """A finished run whose config.yaml holds ``config`` (dotted keys) and paired_init."""
