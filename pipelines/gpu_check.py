@@ -30,8 +30,8 @@ costliest kernels, TAPE beside RoPE at batch 4, 16 and 32; then with ``--compile
 with CUDA graphs, ``--compile-mode reduce-overhead``); the attention
 operator by length, N = 1k to 16k, forward and forward+backward, with TFLOP/s
 (``python -m pipelines.attention_sweep``; sweep.{md,json} in the record); the kernel's autotuning;
-50 timed steps of each GPU claim preset and of the addressing tasks' GPU presets (their minutes
-replace the estimates); the benchmark of every encoding. ``--suite all`` runs both.
+50 timed steps of each GPU claim preset and of the addressing tasks' GPU presets, with RoPE and
+with TAPE (their minutes replace the estimates); the benchmark of every encoding. ``--suite all`` runs both.
 
 ``--only WORD[,WORD...]`` runs the steps whose name contains a WORD and ``--budget SECONDS``
 stops starting steps after SECONDS (a short GPU window runs a few at a time; the summary is
@@ -75,6 +75,7 @@ from pipelines.gpu_targets import printed_json, window_profiles, window_targets
 SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
 GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu", "parity/gpu", "mqar/gpu", "selective_copy/gpu", "counting/gpu")
 TIMED_STEPS = 50
+TIMED_PES = ("rope", "tape")  # a claim's fastest and slowest primary arm: its runs' minutes lie between
 GPU = ("trainer=gpu", "logger=csv")
 PATHS_TESTS = "tests/test_cuda_paths.py"
 CORE_BENCHMARK_PES = ("tape", "rope", "fire", "t5")  # paper Table 4's columns; gpu-measure runs them all
@@ -173,10 +174,11 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
         Check("autotune the kernel's launch configs (bf16, head dims 64 and 128)",
               (*py, "-m", "tape.kernels.autotune", "--dtypes", "bfloat16", "--head-dims", "64,128"), 300,
               expected_s=30),
-        *(Check(f"time {TIMED_STEPS} steps of {preset}", (
-            *py, "-m", "pipelines.train", f"experiment={preset}", "logger=csv", f"trainer.max_steps={TIMED_STEPS}",
-            f"trainer.val_check_interval={TIMED_STEPS}", f"paths.runs_dir={runs_dir}"), 300, expected_s=100)
-          for preset in GPU_PRESETS),
+        *(Check(f"time {TIMED_STEPS} steps of {preset}, pe={pe}", (
+            *py, "-m", "pipelines.train", f"experiment={preset}", f"pe={pe}", "logger=csv",
+            f"trainer.max_steps={TIMED_STEPS}", f"trainer.val_check_interval={TIMED_STEPS}",
+            f"paths.runs_dir={runs_dir}"), 300, expected_s=100)
+          for preset in GPU_PRESETS for pe in TIMED_PES),
         Check("benchmark of every encoding at the paper's shape", (
             *py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
             f"output_dir={tables / 'benchmark-all'}"), 480, expected_s=240),

@@ -27,8 +27,9 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
     assert "experiment=addition/smoke pe=tape compile=true trainer=gpu" in out
     assert "pipelines.benchmark device=cuda scale=paper" in out and "pipelines.gpu_check llama7b" in out
     assert "tape.kernels.autotune --dtypes bfloat16 --head-dims 64,128" in out
-    for preset in gpu_check.GPU_PRESETS:
-        assert f"experiment={preset} logger=csv trainer.max_steps=50" in out
+    for preset in gpu_check.GPU_PRESETS:  # RoPE's and TAPE's minutes: the arms' range
+        for pe in ("rope", "tape"):
+            assert f"experiment={preset} pe={pe} logger=csv trainer.max_steps=50" in out
     assert "pipelines.gpu_check resume --runs" in out and "pipelines.gpu_check throughput" in out
     assert "tape.bench.step_profile" in out
     lines = out.splitlines()  # the kernel tests are not run twice
@@ -700,7 +701,7 @@ def test_every_hydra_step_composes(tmp_path: Path) -> None:
             overrides = list(check.argv[check.argv.index(module) + 1:])
             assert compose_or_none(configs[module], overrides) is not None, check.name
             composed += 1
-    assert composed == len(gpu_check.SMOKE_EXPERIMENTS) + len(gpu_check.GPU_PRESETS) + 4
+    assert composed == len(gpu_check.SMOKE_EXPERIMENTS) + 2 * len(gpu_check.GPU_PRESETS) + 4
 
 
 def test_the_budget_counts_from_when_the_process_began(tmp_path: Path, monkeypatch) -> None:
