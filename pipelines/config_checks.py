@@ -20,6 +20,15 @@ def require_int(cfg: DictConfig, *keys: str, prefix: str = "") -> None:
             raise PipelineConfigError(f"{prefix}{key}={value!r} must be an integer")
 
 
+def require_bool(cfg: DictConfig, *keys: str, prefix: str = "") -> None:
+    """Each dotted key holds true or false (``no`` or ``0`` would read as a setting), as
+    ``require_int``."""
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if not isinstance(value, bool):
+            raise PipelineConfigError(f"{prefix}{key}={value!r} must be true or false")
+
+
 def is_number(value: object) -> bool:
     """An int or a float, not a bool (YAML's true is an int to Python)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -493,6 +493,16 @@ def test_extend_alias_reaches_the_configs_and_their_checks(tmp_path):
     assert "Primary config module" not in done.stderr and not list(tmp_path.rglob("command.txt"))
 
 
+def test_the_paper_preset_decodes_passkeys_as_the_paper_without_a_cache():
+    """eval_retrieval.py recomputes the prefix for every answer token (tape-spec D.3); the
+    smaller presets keep the cache, equal to recomputation in fp32."""
+    from pipelines.tasks.context_extension.stages import passkey_task_config
+
+    paper = compose_config("config", ["experiment=context_extension/paper"])
+    assert passkey_task_config(paper).kv_cache is False
+    assert passkey_task_config(compose_config("config", ["experiment=context_extension/cpu"])).kv_cache is True
+
+
 def test_evaluation_stage_uses_the_passkey_and_perplexity_tasks_protocols():
     """Context extension evaluates through task=passkey / task=perplexity: official draws with
     BOS first (not the python draws, which give other prompts), LongLoRA's window starts."""
@@ -529,6 +539,10 @@ def test_evaluation_stage_uses_the_passkey_and_perplexity_tasks_protocols():
 def test_bad_passkey_length_and_ckpt_path_fail_before_the_run_dir(tmp_path, data_dir):
     cfg = extend_cfg(tmp_path, data_dir, "eval.passkey_lengths=[20]")
     with pytest.raises(PipelineConfigError, match=r"eval\.passkey_lengths"):
+        extend(cfg)
+    assert not Path(cfg.paths.output_dir).exists()
+    cfg = extend_cfg(tmp_path, data_dir, "eval.passkey_kv_cache=maybe")
+    with pytest.raises(PipelineConfigError, match="eval.passkey_kv_cache='maybe' must be true or false"):
         extend(cfg)
     assert not Path(cfg.paths.output_dir).exists()
     with pytest.raises(PipelineConfigError, match="ckpt_path=last: context extension resumes by itself"):

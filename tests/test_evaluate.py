@@ -209,6 +209,14 @@ def test_passkey_on_an_addition_run_asks_for_a_tokenizer(randpe_addition: Path) 
         run_eval(randpe_addition, "task=passkey", name="pk")
 
 
+def test_passkey_kv_cache_must_be_a_bool(pretrained: Path) -> None:
+    """``task.kv_cache=no`` is the string 'no', which Python reads as true: cached decoding when
+    the user asked for the paper's recomputation."""
+    with pytest.raises(PipelineConfigError, match="task.kv_cache='no' must be true or false"):
+        run_eval(pretrained, "task=passkey", "task.lengths=[256]", "task.kv_cache=no", name="pk-bad")
+    assert not (pretrained / "eval" / "pk-bad").exists()
+
+
 # ---------------------------------------------------------------------------- pretraining runs
 def test_passkey_on_a_pretraining_run(pretrained: Path, capsys) -> None:
     metrics = run_eval(pretrained, "task=passkey", "task.lengths=[256,320]", "task.trials=3", name="pk")

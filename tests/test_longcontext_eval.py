@@ -225,3 +225,30 @@ def test_passkey_accuracy_runs_one_prompt_per_seed_from_seed_on():
     expected = [passkey_prompt(300, 5 + t) for t in range(3)]
     assert prompts == [encode(p.text) for p in expected]
     assert len({p.key for p in expected}) == 3
+
+
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_passkey_decodes_with_a_cache_or_from_the_whole_prefix(kv_cache: bool):
+    """kv_cache=False is eval_retrieval.py's decoding: every answer token from a forward over the
+    whole prefix, with no cache asked for (a Hugging Face model builds one unless told not to)."""
+    calls = []
+
+    class Recorder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, input_ids, past_key_values=None, use_cache=None, **kwargs):
+            calls.append((input_ids.shape[1], past_key_values is not None, use_cache))
+            logits = torch.zeros(*input_ids.shape, 300)
+            logits[:, -1, 7] = 1.0
+            return type("Out", (), {"logits": logits, "past_key_values": input_ids if use_cache else None})()
+
+    encode = lambda text: [3 + (ord(ch) % 250) for ch in text]  # noqa: E731
+    prompt = passkey_prompt(300, 0, "official")
+    _, n = passkey_trial(Recorder(), encode, prompt, bos_id=1, kv_cache=kv_cache)
+    steps = len(encode(" " + str(prompt.key)))
+    if kv_cache:
+        assert calls == [(n, False, True)] + [(1, True, True)] * (steps - 1)
+    else:
+        assert calls == [(n + i, False, False) for i in range(steps)]

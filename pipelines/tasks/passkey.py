@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, open_dict
 from torch import nn
 
+from pipelines.config_checks import require_bool
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_model_positions
 from pipelines.tasks import register
@@ -56,6 +57,7 @@ def shortest_fit(t: DictConfig, tok: TextTokenizer, bos: bool, at_least: int = 1
 def check(task_cfg: DictConfig) -> None:
     """Every test point can be built with this tokenizer (before any directory is written);
     lengths taken from the run are raised to the shortest that holds a prompt."""
+    require_bool(task_cfg, "kv_cache", prefix="task.")
     tok = _tokenizer(task_cfg)
     bos = bool(task_cfg.bos) and tok.bos_id is not None
     if task_cfg.get("lengths_from_run"):
@@ -120,7 +122,7 @@ def rows(model: nn.Module, task_cfg: DictConfig, tok: TextTokenizer | None = Non
                       for i in range(trials)) + int(bos_id is not None) + len(tok.encode(t.answer_prefix + str(MAX_KEY)))
         check_model_positions(model, longest, "task.filler_chars" if target is None else "task.lengths")
         r = passkey_accuracy(model, tok.encode, n_garbage, trials, seed, str(t.answer_prefix),
-                             bos_id=bos_id, draws=t.draws)
+                             bos_id=bos_id, draws=t.draws, kv_cache=t.kv_cache)
         out.append({"target_tokens": target, "filler_chars": n_garbage if target is None else None,
                     "n_garbage": n_garbage, "max_tokens": longest, **r})
     return out

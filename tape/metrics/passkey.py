@@ -20,16 +20,18 @@ def passkey_trial(
     answer_prefix: str = " ",
     device: torch.device | str | None = None,
     bos_id: int | None = None,
+    kv_cache: bool = True,
 ) -> tuple[bool, int]:
     """Greedy-generate as many tokens as the answer has; correct iff every token matches.
     ``encode`` maps text to token ids (without special tokens); ``bos_id``, when given, starts
     the prompt (the official prompts start with BOS); ``answer_prefix`` is what joins the
     question and the key (a space for our BPE; "" for Llama's tokenizer, whose encoding of the
-    bare key starts with its word marker). Returns (correct, prompt length in tokens with BOS)."""
+    bare key starts with its word marker); ``kv_cache=False`` recomputes the whole prefix for every
+    token, as the paper's eval_retrieval.py. Returns (correct, prompt length in tokens with BOS)."""
     device = device or next(model.parameters()).device
     ids = torch.tensor([([bos_id] if bos_id is not None else []) + list(encode(prompt.text))], device=device)
     answer = list(encode(answer_prefix + str(prompt.key)))
-    out = greedy_generate(model, ids, max_new_tokens=len(answer))[0, ids.shape[1]:]
+    out = greedy_generate(model, ids, max_new_tokens=len(answer), use_cache=kv_cache)[0, ids.shape[1]:]
     return out.tolist() == answer, ids.shape[1]
 
 
@@ -42,10 +44,11 @@ def passkey_accuracy(
     answer_prefix: str = " ",
     bos_id: int | None = None,
     draws: Draws = "python",
+    kv_cache: bool = True,
 ) -> dict[str, float]:
     """Accuracy over ``trials`` prompts (seeds seed .. seed + trials - 1) and their mean length."""
     results = [passkey_trial(model, encode, passkey_prompt(n_garbage, seed + t, draws), answer_prefix,
-                             bos_id=bos_id)
+                             bos_id=bos_id, kv_cache=kv_cache)
                for t in range(trials)]
     return {
         "accuracy": sum(ok for ok, _ in results) / trials,

@@ -101,8 +101,8 @@ def greedy_generate(
                             past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
             else:
-                out = model(input_ids=ids, attention_mask=mask,
-                            position_ids=positions_from_mask(mask, ids.shape[1]))
+                out = model(input_ids=ids, attention_mask=mask,  # no cache built (HF's default builds one)
+                            position_ids=positions_from_mask(mask, ids.shape[1]), use_cache=False)
             logits = out.logits[:, -1]  # (B, V)
             nxt = choose(logits)
             if eos_token_id is not None:

@@ -35,7 +35,7 @@ from pipelines.tasks.context_extension.stages import (
     DTYPES, base_stage, evaluate_stage, passkey_check, recipe_spec, recipe_stage,
 )
 from pipelines import wandb_log
-from pipelines.config_checks import is_number, require_int
+from pipelines.config_checks import is_number, require_bool, require_int
 from pipelines.errors import PipelineConfigError
 from pipelines.precision import training_precision
 from pipelines.result_files import write_csv, write_json_once
@@ -152,6 +152,7 @@ def validate(cfg: DictConfig) -> None:
                                   f"model.context={C} (base passkey prompts span base.passkey_min_tokens .. "
                                   "model.context tokens)")
     _check_precision(cfg)
+    require_bool(cfg, "eval.passkey_kv_cache")
     if cfg.get("ckpt_path"):
         raise PipelineConfigError(
             f"ckpt_path={cfg.ckpt_path}: context extension resumes by itself; rerun the same command "

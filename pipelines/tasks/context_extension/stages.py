@@ -259,7 +259,8 @@ def passkey_task_config(cfg: DictConfig) -> DictConfig:
     sizes = ({"filler_chars": list(e.passkey_filler_chars)} if e.get("passkey_filler_chars")
              else {"lengths": list(e.passkey_lengths)})
     return task_config("passkey", trials=e.passkey_trials, seed=e.passkey_seed, draws=e.passkey_draws,
-                       bos=e.passkey_bos, answer_prefix=e.passkey_answer_prefix, **sizes)
+                       bos=e.passkey_bos, answer_prefix=e.passkey_answer_prefix,
+                       kv_cache=e.passkey_kv_cache, **sizes)
 
 
 def _tokenizer(data: ExtensionData) -> Any:
