@@ -6,9 +6,11 @@ the resumed epoch against a total that ignores the steps already done) and "Tota
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from lightning.pytorch import LightningModule, Trainer
@@ -101,3 +103,37 @@ class InterruptAt(Callback):
                              batch_idx: int) -> None:
         if trainer.global_step == self.step:
             raise KeyboardInterrupt(f"InterruptAt: step {self.step}")
+
+
+class StepClock(Callback):
+    """Seconds per optimizer step once warmed up: the device is waited for at step ``after`` and
+    at ``trainer.max_steps`` only (no wait in between), and the result goes to ``path`` as JSON
+    (``make gpu-measure``'s timed presets: ``python -m pipelines.gpu_check preset``)."""
+
+    def __init__(self, path: str, after: int = 10) -> None:
+        self.path, self.after = path, after
+        self._start: tuple[int, float] | None = None  # (step, seconds) where the clock started
+        self._written = False
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = trainer.global_step  # optimizer steps done; it moves on a step's last micro-batch
+        if self._written or step < self.after:
+            return
+        if self._start is None:
+            self._start = (step, _synced_clock(pl_module))
+        elif step >= trainer.max_steps:
+            first, t0 = self._start
+            seconds = _synced_clock(pl_module) - t0
+            Path(self.path).write_text(json.dumps({"after": first, "steps": step - first, "seconds": seconds,
+                                                   "s_per_step": seconds / (step - first)}))
+            self._written = True
+
+
+def _synced_clock(pl_module: LightningModule) -> float:
+    """time.perf_counter() once the module's device has finished its queued work."""
+    if pl_module.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(pl_module.device)
+    return time.perf_counter()

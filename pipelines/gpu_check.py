@@ -30,8 +30,9 @@ costliest kernels, TAPE beside RoPE at batch 4, 16 and 32; then with ``--compile
 with CUDA graphs, ``--compile-mode reduce-overhead``); the attention
 operator by length, N = 1k to 16k, forward and forward+backward, with TFLOP/s
 (``python -m pipelines.attention_sweep``; sweep.{md,json} in the record); the kernel's autotuning;
-50 timed steps of each GPU claim preset and of the addressing tasks' GPU presets, with RoPE and
-with TAPE (their minutes replace the estimates); the benchmark of every encoding. ``--suite all`` runs both.
+50 steps of each GPU claim preset and of the addressing tasks' GPU presets, with RoPE and with
+TAPE, timed once warmed up (``python -m pipelines.gpu_check preset``; their projected minutes
+replace the estimates); the benchmark of every encoding. ``--suite all`` runs both.
 
 ``--only WORD[,WORD...]`` runs the steps whose name contains a WORD and ``--budget SECONDS``
 stops starting steps after SECONDS (a short GPU window runs a few at a time; the summary is
@@ -70,11 +71,12 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipelines.gpu_targets import printed_json, window_profiles, window_targets
+from pipelines.gpu_targets import printed_json, timed_presets_md, window_profiles, window_targets
 
 SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
 GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu", "parity/gpu", "mqar/gpu", "selective_copy/gpu", "counting/gpu")
 TIMED_STEPS = 50
+CLOCK_AFTER = 10  # the timed presets' warm-up steps (compiles, allocator, autotuning): not timed
 TIMED_PES = ("rope", "tape")  # a claim's fastest and slowest primary arm: its runs' minutes lie between
 GPU = ("trainer=gpu", "logger=csv")
 PATHS_TESTS = "tests/test_cuda_paths.py"
@@ -175,9 +177,8 @@ def checks(runs_dir: Path, record_dir: Path | None = None, suite: str = "all") -
               (*py, "-m", "tape.kernels.autotune", "--dtypes", "bfloat16", "--head-dims", "64,128"), 300,
               expected_s=30),
         *(Check(f"time {TIMED_STEPS} steps of {preset}, pe={pe}", (
-            *py, "-m", "pipelines.train", f"experiment={preset}", f"pe={pe}", "logger=csv",
-            f"trainer.max_steps={TIMED_STEPS}", f"trainer.val_check_interval={TIMED_STEPS}",
-            f"paths.runs_dir={runs_dir}"), 300, expected_s=100)
+            *py, "-m", "pipelines.gpu_check", "preset", "--experiment", preset, "--pe", pe, "--runs", str(runs_dir)),
+            300, expected_s=100)
           for preset in GPU_PRESETS for pe in TIMED_PES),
         Check("benchmark of every encoding at the paper's shape", (
             *py, "-m", "pipelines.benchmark", "device=cuda", "scale=paper",
@@ -403,6 +404,40 @@ def resume_check(runs_dir: Path, device: str = "cuda", interrupt_at: int = 4) ->
     return out
 
 
+def preset_argv(experiment: str, pe: str, runs_dir: Path, steps: int = TIMED_STEPS,
+                after: int = CLOCK_AFTER) -> tuple[str, ...]:
+    """``pipelines.train`` for ``steps`` steps of a preset, validated once at the end, with a
+    ``StepClock`` timing the steps after ``after`` into the run's step_clock.json."""
+    return (sys.executable, "-m", "pipelines.train", f"experiment={experiment}", f"pe={pe}", "logger=csv",
+            f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", f"paths.runs_dir={runs_dir}",
+            "+callbacks.step_clock._target_=pipelines.callbacks.StepClock",
+            "+callbacks.step_clock.path=${paths.output_dir}/step_clock.json", f"+callbacks.step_clock.after={after}")
+
+
+def preset_check(experiment: str, pe: str, runs_dir: Path, steps: int = TIMED_STEPS,
+                 after: int = CLOCK_AFTER) -> dict[str, Any]:
+    """A preset trained for ``steps`` steps by its command line: seconds a step once warmed up
+    (steps ``after`` .. ``steps``), the run's training and wall time, and its whole run projected:
+    the preset's ``trainer.max_steps`` at that pace plus what this run spent otherwise (start-up,
+    warm-up, one validation and the evaluation; the full run validates more often)."""
+    from pipelines.gpu_targets import preset_steps
+
+    began = time.time()
+    done = subprocess.run(preset_argv(experiment, pe, runs_dir, steps, after),
+                          cwd=Path(__file__).resolve().parents[1])
+    clocks = [c for c in runs_dir.glob(f"{experiment}/{pe}/*/*/step_clock.json") if c.stat().st_mtime >= began]
+    if done.returncode or len(clocks) != 1:
+        raise AssertionError(f"experiment={experiment} pe={pe}: exited {done.returncode}, step clocks {clocks}")
+    clock = json.loads(clocks[0].read_text())
+    metrics = json.loads((clocks[0].parent / "metrics.json").read_text())
+    total = preset_steps(experiment, pe)
+    other_s = metrics["wall_time_s"] - clock["s_per_step"] * steps
+    return {"preset": experiment, "pe": pe, "steps": steps, "timed_steps": clock["steps"],
+            "s_per_step": clock["s_per_step"], "train_time_s": metrics["train_time_s"],
+            "wall_time_s": metrics["wall_time_s"], "preset_steps": total,
+            "projected_min": None if total is None else (total * clock["s_per_step"] + other_s) / 60}
+
+
 def _sync(device: str) -> None:
     import torch
 
@@ -436,11 +471,11 @@ def _failure(outcome: dict) -> str:
 
 def _numbers(summary: dict) -> list[str]:
     """The JSON line each in-process step (model, resume, llama7b, throughput) printed last, as a
-    list item (the step profiles get tables of their own)."""
+    list item (the step profiles and the timed presets get tables of their own)."""
     lines = []
     for o in summary["outcomes"]:
         line = printed_json(o)
-        if line is not None and "(profiler)" not in o["name"]:
+        if line is not None and "(profiler)" not in o["name"] and not o["name"].startswith("time "):
             lines.append(f"- {o['name']}: `{line}`")
     return lines
 
@@ -469,6 +504,7 @@ def _window(summary: dict) -> str:
         *([FULL_SQUARE, ""] if tables.is_file() or every.is_file() or by_length.is_file() else []),
         *window_targets(window),
         *window_profiles(summary["outcomes"]),
+        *timed_presets_md(summary["outcomes"]),
         *([f"The attention operator by length: `{by_length}`.", ""] if by_length.is_file() else []),
     ])
 
@@ -573,8 +609,10 @@ def render(summary_dirs: Sequence[Path], out: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipelines.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", nargs="?", choices=["model", "llama7b", "resume", "throughput"],
-                   help="run one in-process step (used by the checks; resume's runs go to --runs)")
+    p.add_argument("step", nargs="?", choices=["model", "llama7b", "resume", "throughput", "preset"],
+                   help="run one in-process step (used by the checks; resume's and preset's runs go to --runs)")
+    p.add_argument("--experiment", help="preset: the experiment timed (e.g. flipflop/gpu)")
+    p.add_argument("--pe", default="rope", help="preset: its encoding (default %(default)s)")
     p.add_argument("--only", metavar="WORD", help="run only the checks whose name contains WORD (or any of WORD,WORD,...)")
     p.add_argument("--suite", choices=SUITES, default=None,
                    help="core (the default): the proof, sized for 8 minutes (make gpu-check); measure: profiles, "
@@ -607,6 +645,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.step == "resume":
         print(json.dumps(resume_check(args.runs)))
+        return 0
+    if args.step == "preset":
+        if not args.experiment:
+            p.error("preset needs --experiment <preset>, e.g. --experiment flipflop/gpu")
+        print(json.dumps(preset_check(args.experiment, args.pe, args.runs)), flush=True)
         return 0
     if args.step == "throughput":
         from pipelines.throughput import throughput

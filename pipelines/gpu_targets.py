@@ -265,3 +265,43 @@ def window_profiles(outcomes: list[dict]) -> list[str]:
             continue
         out += [f"### {o['name']}", "", *profile_md(profile)]
     return out
+
+
+def preset_steps(preset: str, pe: str) -> int | None:
+    """trainer.max_steps of ``experiment=<preset> pe=<pe>`` as conf/ has it now, or None."""
+    from pipelines.hydra_conf import compose_or_none
+
+    cfg = compose_or_none("config", [f"experiment={preset}", f"pe={pe}"])
+    steps = None if cfg is None else cfg.trainer.get("max_steps")
+    return steps if isinstance(steps, int) and steps > 0 else None
+
+
+def timed_presets_md(outcomes: list[dict]) -> list[str]:
+    """A table of the timed presets a window ran (``python -m pipelines.gpu_check preset``, one
+    JSON line each): seconds a warmed-up step, the whole run projected, and TAPE / RoPE per preset."""
+    rows = []
+    for o in outcomes:
+        line = printed_json(o)
+        if line is None or not o["name"].startswith("time "):
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    if not rows:
+        return []
+    pace = {(r["preset"], r["pe"]): r["s_per_step"] for r in rows}
+    lines = ["### Timed presets", "",
+             "Each preset trained by its command line, validated once at the end; seconds a step from "
+             "the step after the warm-up to the last (`pipelines.callbacks.StepClock`). Projected run: "
+             "the preset's `trainer.max_steps` at that pace plus what this run spent otherwise "
+             "(start-up, warm-up, one validation, the evaluation; the full run validates more often).", "",
+             "| preset | PE | s / step | steps timed | wall time (s) | preset's steps | projected run (min) "
+             "| TAPE / RoPE (s / step) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rope, tape = pace.get((r["preset"], "rope")), pace.get((r["preset"], "tape"))
+        ratio = tape / rope if r["pe"] == "tape" and rope and tape else None
+        lines.append(f"| {r['preset']} | {r['pe']} | {r['s_per_step']:.4f} | {r['timed_steps']} | "
+                     f"{r['wall_time_s']:.1f} | {_num(r.get('preset_steps'), 'd')} | "
+                     f"{_num(r.get('projected_min'), '.1f')} | {_num(ratio, '.3f')} |")
+    return [*lines, ""]

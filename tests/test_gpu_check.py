@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import gpu_check
+from pipelines import gpu_check, gpu_targets
 
 
 def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
@@ -29,7 +29,7 @@ def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
     assert "tape.kernels.autotune --dtypes bfloat16 --head-dims 64,128" in out
     for preset in gpu_check.GPU_PRESETS:  # RoPE's and TAPE's minutes: the arms' range
         for pe in ("rope", "tape"):
-            assert f"experiment={preset} pe={pe} logger=csv trainer.max_steps=50" in out
+            assert f"pipelines.gpu_check preset --experiment {preset} --pe {pe} --runs" in out
     assert "pipelines.gpu_check resume --runs" in out and "pipelines.gpu_check throughput" in out
     assert "tape.bench.step_profile" in out
     lines = out.splitlines()  # the kernel tests are not run twice
@@ -696,9 +696,13 @@ def test_every_hydra_step_composes(tmp_path: Path) -> None:
     configs = {"pipelines.train": "config", "pipelines.benchmark": "benchmark"}
     composed = 0
     for check in gpu_check.checks(tmp_path / "runs", tmp_path / "record"):
-        module = check.argv[check.argv.index("-m") + 1]
+        argv = check.argv
+        if argv[argv.index("-m") + 1:][:2] == ("pipelines.gpu_check", "preset"):  # a timed preset's train
+            experiment, pe = argv[argv.index("--experiment") + 1], argv[argv.index("--pe") + 1]
+            argv = gpu_check.preset_argv(experiment, pe, tmp_path / "runs")
+        module = argv[argv.index("-m") + 1]
         if module in configs:
-            overrides = list(check.argv[check.argv.index(module) + 1:])
+            overrides = list(argv[argv.index(module) + 1:])
             assert compose_or_none(configs[module], overrides) is not None, check.name
             composed += 1
     assert composed == len(gpu_check.SMOKE_EXPERIMENTS) + 2 * len(gpu_check.GPU_PRESETS) + 4
@@ -791,3 +795,53 @@ def test_a_side_by_side_steps_workers_share_its_cores(tmp_path: Path, monkeypatc
     assert seen == {"pytest": 1, "train": 4}
     (cuda_tests, paths_tests) = [c for c in gpu_check.checks(tmp_path, suite="core") if "pytest" in c.name]
     assert cuda_tests.workers == paths_tests.workers == (4 if "-n" in cuda_tests.argv else 1)
+
+
+# ---------------------------------------------------------------------------- timed presets
+class _Clocked:
+    """What StepClock reads of a trainer and a module."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.global_step, self.max_steps = 0, max_steps
+        self.device = __import__("torch").device("cpu")
+
+
+def test_the_step_clock_times_whole_optimizer_steps_after_the_warm_up(tmp_path: Path, monkeypatch) -> None:
+    """Under accumulation a step's micro-batches share its global_step: the clock starts at the
+    first batch end of step ``after`` and stops at the last step's, once."""
+    from pipelines import callbacks
+
+    ticks = iter(range(100))
+    monkeypatch.setattr(callbacks, "_synced_clock", lambda module: float(next(ticks)))
+    clock = callbacks.StepClock(str(tmp_path / "clock.json"), after=2)
+    trainer = _Clocked(max_steps=5)
+    for step in (0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5):  # two micro-batches a step; the step moves on the second
+        trainer.global_step = step
+        clock.on_train_batch_end(trainer, trainer, None, None, 0)
+    assert json.loads((tmp_path / "clock.json").read_text()) == {"after": 2, "steps": 3, "seconds": 1.0,
+                                                                 "s_per_step": 1 / 3}
+
+
+def test_a_timed_preset_reports_its_warmed_up_pace_and_projects_its_run(tmp_path: Path) -> None:
+    """The timed presets printed nothing but Lightning's summary: their minutes were copied from
+    a progress bar by hand, and only RoPE's. Run here on flipflop/smoke (6 steps: the whole
+    preset, so the projection is the run itself)."""
+    out = gpu_check.preset_check("flipflop/smoke", "tape", tmp_path, steps=6, after=2)
+    assert out["preset"] == "flipflop/smoke" and out["pe"] == "tape" and out["timed_steps"] == 4
+    assert 0 < 4 * out["s_per_step"] <= out["train_time_s"] <= out["wall_time_s"]
+    assert out["preset_steps"] == 6 and out["projected_min"] * 60 == pytest.approx(out["wall_time_s"])
+    with pytest.raises(AssertionError, match="exited 1"):  # a preset that does not compose
+        gpu_check.preset_check("flipflop/nosuch", "tape", tmp_path, steps=6, after=2)
+
+
+def test_the_page_tables_the_timed_presets_with_tape_over_rope(tmp_path: Path) -> None:
+    def timed(pe: str, pace: float) -> dict:
+        line = json.dumps({"preset": "flipflop/gpu", "pe": pe, "steps": 50, "timed_steps": 40, "s_per_step": pace,
+                           "train_time_s": 9.0, "wall_time_s": 80.0, "preset_steps": 10000, "projected_min": 20.5})
+        return {"name": f"time 50 steps of flipflop/gpu, pe={pe}", "passed": True, "tail": ["run dir: x", line]}
+
+    summary = {"outcomes": [timed("rope", 0.05), timed("tape", 0.06)]}
+    text = "\n".join(gpu_targets.timed_presets_md(summary["outcomes"]))
+    assert "| flipflop/gpu | rope | 0.0500 | 40 | 80.0 | 10000 | 20.5 | - |" in text
+    assert "| flipflop/gpu | tape | 0.0600 | 40 | 80.0 | 10000 | 20.5 | 1.200 |" in text
+    assert gpu_check._numbers(summary) == []  # tabled, not repeated as raw JSON
