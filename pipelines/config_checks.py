@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines.errors import PipelineConfigError
 from pipelines.precision import evaluation_precision, training_precision
+from tape.optional import missing
 from tape.typecheck import type_problems
 
 
@@ -27,6 +28,14 @@ def require_bool(cfg: DictConfig, *keys: str, prefix: str = "") -> None:
         value = OmegaConf.select(cfg, key)
         if not isinstance(value, bool):
             raise PipelineConfigError(f"{prefix}{key}={value!r} must be true or false")
+
+
+def require_packages(setting: str, *modules: str) -> None:
+    """The optional packages ``setting`` (e.g. ``task=scrolls``) imports are installed, or one
+    error before any directory, naming each with its install line (tape.optional)."""
+    problems = [why for why in map(missing, modules) if why]
+    if problems:
+        raise PipelineConfigError(f"{setting} reads with {', '.join(modules)}: {'; '.join(problems)}")
 
 
 def is_number(value: object) -> bool:

@@ -170,6 +170,7 @@ def test_group_references_collapses_rows_with_the_same_id() -> None:
 
 
 def test_fixture_end_to_end_qa_and_summary(tmp_path: Path) -> None:
+    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     qa = load_scrolls("qasper", FIXTURES, cache_dir=tmp_path)
     assert {s: len(d) for s, d in qa.items()} == {"train": 3, "validation": 3}
     refs = references(qa["validation"])
@@ -272,6 +273,7 @@ def make_hub_zip(path: Path, task: str, members: dict[str, Path]) -> Path:
 def test_hub_zip_is_read_without_a_loading_script(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     import huggingface_hub
 
     snapshot = tmp_path / "hub" / "snapshots" / "c0ffee"  # the hub cache names it after the commit
@@ -295,6 +297,7 @@ def test_hub_zip_is_read_without_a_loading_script(
 
 
 def test_rows_without_the_scrolls_fields_are_refused(tmp_path: Path) -> None:
+    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     (tmp_path / "qasper").mkdir()
     row = json.dumps({"id": "x", "text": "y"})
     (tmp_path / "qasper" / "validation.jsonl").write_text(row + "\n")

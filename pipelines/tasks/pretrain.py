@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 from omegaconf import DictConfig
 
-from pipelines.config_checks import require_int
+from pipelines.config_checks import require_int, require_packages
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_position_range, model_config
 from pipelines.result_files import write_csv
@@ -61,6 +61,8 @@ def validate(cfg: DictConfig) -> None:
             f"{t.vocab_size}; leave model.vocab_size at ${{task.vocab_size}}"
         )
     check_position_range(mc, *positions_needed(t))
+    if t.corpus == "stream":
+        require_packages("task.corpus=stream", "datasets")
 
 
 def positions_needed(task_cfg: DictConfig) -> tuple[int, str]:

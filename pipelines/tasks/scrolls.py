@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from pipelines.config_checks import require_packages
 from pipelines.errors import PipelineConfigError, RunNotThereYet
 from pipelines.models import model_config
 from pipelines.presets import is_preset_run, preset_setting
@@ -172,6 +173,8 @@ def validate(cfg: DictConfig) -> None:
     except ValueError as err:
         raise PipelineConfigError(f"task.lengths: {err}") from err
     model_config(cfg)  # the adopted model must still be a valid one
+    require_packages(f"task=scrolls task.dataset={t.dataset}",
+                     "datasets", *(("rouge_score",) if TASKS[t.dataset].metric == "rouge" else ()))
 
 
 def _load(t: DictConfig, splits: Sequence[str]) -> Any:

@@ -56,6 +56,7 @@ from torch import Tensor
 
 from tape.data.hub import hub_usable
 from tape.data.labels import IGNORE_INDEX
+from tape.optional import require
 
 if TYPE_CHECKING:  # datasets is imported lazily: it is slow to import and only the loaders use it
     from datasets import DatasetDict
@@ -351,8 +352,7 @@ def hub_files(
             f"{type(err).__name__}: {err}"
         ) from err
     if extract_dir is None:
-        import datasets
-
+        datasets = require("datasets", "reading SCROLLS")
         extract_dir = Path(datasets.config.HF_DATASETS_CACHE) / "tape_scrolls"
     # The hub cache names the snapshot folder after the commit: one extracted copy per revision.
     return extract_members(zip_path, task, splits, Path(extract_dir) / zip_path.parent.name)
@@ -380,8 +380,7 @@ def load_scrolls(
         extract_dir = None if cache_dir is None else Path(cache_dir) / "tape_scrolls"
         files = hub_files(task, splits, revision, hub_cache_dir, extract_dir)
 
-    import datasets
-
+    datasets = require("datasets", "reading SCROLLS")
     data = datasets.load_dataset(
         "json", data_files={s: str(p) for s, p in files.items()},
         cache_dir=None if cache_dir is None else str(cache_dir),

@@ -18,6 +18,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import IterableDataset
 
+from tape.optional import require
+
 HUB_C4 = ("allenai/c4", "en")
 
 
@@ -77,11 +79,10 @@ def _unavailable(source: str, err: Exception) -> str:
 def open_text_stream(source: str, split: str = "train") -> Any:
     """A streaming ``datasets.IterableDataset`` of documents: a local shard directory, or C4 from
     the hub when ``source`` is ``allenai/c4``. Fails with what to do when neither works."""
-    import datasets
-
     path = Path(source)
     if not path.is_dir():
         check_text_source(source)  # the hub reachable, at once (a directory's shards: below)
+    datasets = require("datasets", "streaming pretraining text (task.corpus=stream)")
     try:
         if path.is_dir():
             return datasets.load_dataset("json", data_files=_shards(path, split), split="train", streaming=True)

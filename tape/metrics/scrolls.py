@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from tape.data.scrolls import get_task
+from tape.optional import require
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")
 _PUNCTUATION = set(string.punctuation)
@@ -74,8 +75,7 @@ def best_over_references(
 
 @lru_cache(maxsize=1)
 def _rouge_scorer() -> Any:
-    from rouge_score import rouge_scorer
-
+    rouge_scorer = require("rouge_score.rouge_scorer", "SCROLLS' ROUGE")
     return rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=False)
 
 

@@ -17,9 +17,11 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
+from pipelines.config_checks import require_packages
 from pipelines.errors import PipelineConfigError
 from tape.data.passkey import passkey_example
 from tape.data.streaming import pack_blocks
+from tape.optional import require
 
 LLAMA_WEIGHTS_HINT = (
     "download Llama-2-7B in Hugging Face format (accept Meta's licence at "
@@ -66,6 +68,7 @@ def check_inputs(cfg: DictConfig) -> None:
         if not file or not Path(str(file)).is_file():
             raise PipelineConfigError(f"data.eval_files.{name}={file}: token file not found; set "
                                       f"data.eval_files.{name}=<path to a .bin file>: {LONGLORA_BIN_HINT}")
+    require_packages("data.source=hub", "datasets")
 
 
 def _check_books_vocabulary(cfg: DictConfig, path: Path) -> None:
@@ -114,8 +117,7 @@ def _hub_documents(cfg: DictConfig) -> Iterator[str]:
            "access (or a datasets cache holding it), or point data.hub_dataset at a local copy")
     if not Path(name).exists() and not hub_usable():  # a local copy needs no hub
         raise PipelineConfigError(f"the hub is not reachable from this machine; {how}")
-    import datasets
-
+    datasets = require("datasets", "data.source=hub")
     try:
         stream = datasets.load_dataset(name, split=cfg.data.hub_split, streaming=True)
     except Exception as err:  # the hub client raises many types; all mean "no data"
