@@ -285,9 +285,11 @@ def timed_presets_md(outcomes: list[dict]) -> list[str]:
         if line is None or not o["name"].startswith("time "):
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict) and {"preset", "pe", "s_per_step", "timed_steps", "wall_time_s"} <= set(row):
+            rows.append(row)
     if not rows:
         return []
     pace = {(r["preset"], r["pe"]): r["s_per_step"] for r in rows}

@@ -840,8 +840,10 @@ def test_the_page_tables_the_timed_presets_with_tape_over_rope(tmp_path: Path) -
                            "train_time_s": 9.0, "wall_time_s": 80.0, "preset_steps": 10000, "projected_min": 20.5})
         return {"name": f"time 50 steps of flipflop/gpu, pe={pe}", "passed": True, "tail": ["run dir: x", line]}
 
-    summary = {"outcomes": [timed("rope", 0.05), timed("tape", 0.06)]}
+    other = {"name": "time 50 steps of counting/gpu", "passed": True, "tail": ['{"loss": 1.0}']}  # not ours
+    summary = {"outcomes": [timed("rope", 0.05), other, timed("tape", 0.06)]}
     text = "\n".join(gpu_targets.timed_presets_md(summary["outcomes"]))
     assert "| flipflop/gpu | rope | 0.0500 | 40 | 80.0 | 10000 | 20.5 | - |" in text
     assert "| flipflop/gpu | tape | 0.0600 | 40 | 80.0 | 10000 | 20.5 | 1.200 |" in text
+    assert "counting/gpu" not in text and text.count("| flipflop/gpu |") == 2
     assert gpu_check._numbers(summary) == []  # tabled, not repeated as raw JSON
