@@ -48,15 +48,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``-m cuda`` tests need a GPU: elsewhere they are skipped, with the reason in the summary."""
+    """``-m cuda`` tests need a GPU and ``wandb`` tests the wandb package: elsewhere they are
+    skipped, with the reason in the summary."""
+    import importlib.util
+
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here); run them on one with make gpu-check")
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["cuda"] = pytest.mark.skip(reason="needs a CUDA GPU (none here); run them on one with make gpu-check")
+    if importlib.util.find_spec("wandb") is None:
+        skips["wandb"] = pytest.mark.skip(reason="optional: pip install wandb==0.31.0")
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        for keyword, skip in skips.items():
+            if keyword in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

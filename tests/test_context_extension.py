@@ -118,6 +118,7 @@ def test_base_only_run_sizes_the_base(tmp_path, data_dir):
     assert "base_passkey_at_context" in metrics and not any(k.startswith("time_train_") for k in metrics)
 
 
+@pytest.mark.wandb
 def test_smoke_in_bf16_mixed_with_fp16_frozen_weights(tmp_path, data_dir):
     """The paper preset's precision on CPU: bf16 autocast, frozen weights stored in fp16, LoRA
     merged into fp16 weights, TAPE saved beside them; evaluation stays finite."""

@@ -170,6 +170,7 @@ def test_reevaluation_prints_and_logs_its_metrics(randpe_addition: Path, capsys)
     assert metrics["device"] == "cpu"
 
 
+@pytest.mark.wandb
 def test_reevaluation_logs_to_wandb_named_after_the_run(randpe_addition: Path) -> None:
     """logger=wandb resolves the run's names (experiment, PE, seed) from the evaluated run."""
     from pipelines.wandb_log import close_loggers
@@ -451,6 +452,7 @@ def test_a_sweep_evaluates_into_the_runs_eval_dir_and_a_failure_leaves_nothing(
     assert [p.name for p in (cwd / "runs" / "multirun").iterdir()][0] and not list(cwd.glob("runs/multirun/*/*/"))
 
 
+@pytest.mark.wandb
 def test_wandb_online_without_a_login_is_refused_before_evaluating(randpe_addition: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """evaluate ran the evaluation, claimed its folder, then failed in W&B with two tracebacks."""

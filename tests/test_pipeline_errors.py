@@ -35,6 +35,7 @@ def test_entry_module_imports_no_heavy_library() -> None:
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.wandb
 def test_a_config_error_prints_once_without_traceback_and_leaves_no_run(tmp_path: Path) -> None:
     out = cli(["experiment=addition/smoke", "task.max_digits=0"], tmp_path)
     both = out.stdout + out.stderr
@@ -75,6 +76,7 @@ def test_an_unwritable_runs_dir_is_one_message_naming_the_key(tmp_path: Path) ->
         assert "Traceback" not in out.stderr
 
 
+@pytest.mark.wandb
 @pytest.mark.slow
 def test_resume_progress_counts_steps_not_epochs(tmp_path: Path) -> None:
     """The bar read "Epoch 0/-2" and, after a resume, "600/499"; nor any known noise."""
@@ -154,6 +156,7 @@ def test_a_training_length_out_of_range_names_max_digits(tmp_path: Path) -> None
     assert "task.max_digits=7 is above task.eval_max_digits=6" in out.stdout + out.stderr
 
 
+@pytest.mark.wandb
 def test_wandb_online_without_a_login_is_refused_before_any_folder(tmp_path: Path) -> None:
     """Issue 23: 82 lines, two tracebacks and a failed run directory before."""
     home = tmp_path / "home"

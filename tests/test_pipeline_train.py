@@ -174,6 +174,7 @@ def test_ctrl_c_says_how_to_resume(make_cfg) -> None:
     assert train(make_cfg("pe=rope", "ckpt_path=last", name="resumed"))["steps"] == 6
 
 
+@pytest.mark.wandb
 def test_default_logger_is_wandb_offline_plus_csv_and_is_closed_on_failure(make_cfg) -> None:
     import wandb
 

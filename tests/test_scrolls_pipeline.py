@@ -47,6 +47,7 @@ def scrolls_cfg(make_cfg, *overrides: str, name: str = "ft", runs_dir: Path | No
                     name=name, runs_dir=runs_dir)
 
 
+@pytest.mark.wandb
 @pytest.mark.parametrize(("dataset", "metric"), [("qasper", "f1"), ("gov_report", "rouge_geometric_mean")])
 def test_finetune_generate_and_score(dataset, metric, make_cfg, pretrained) -> None:
     pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")

@@ -20,6 +20,7 @@ from test_pipeline_train import Kill  # raises at a step, after the previous che
 from wandb_records import offline_runs
 
 
+@pytest.mark.wandb
 def test_wandb_run_holds_the_full_config_the_grid_table_and_the_heatmap(make_cfg) -> None:
     cfg = make_cfg("pe=rope", "logger=wandb")
     train(cfg)
@@ -44,6 +45,7 @@ def test_wandb_run_holds_the_full_config_the_grid_table_and_the_heatmap(make_cfg
     assert run.exit_code == 0
 
 
+@pytest.mark.wandb
 def test_a_resumed_run_continues_the_wandb_run_it_resumes(make_cfg, tmp_path: Path) -> None:
     common = ("pe=nope", "logger=wandb", "trainer.max_steps=6", "trainer.val_check_interval=2")
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -67,6 +69,7 @@ def test_a_resumed_run_continues_the_wandb_run_it_resumes(make_cfg, tmp_path: Pa
     assert wandb_log.resumed_run_id(tmp_path / "elsewhere" / "checkpoints" / "last.ckpt") is None
 
 
+@pytest.mark.wandb
 def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: Path, make_cfg) -> None:
     """Pretraining perplexity, context extension's passkey and perplexity by corpus, SCROLLS
     predictions with references and scores: whatever a task wrote, W&B gets as a table."""
@@ -130,6 +133,7 @@ class Terminate(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.wandb
 def test_a_terminated_run_leaves_an_exit_record(make_cfg) -> None:
     import wandb
 
@@ -141,6 +145,7 @@ def test_a_terminated_run_leaves_an_exit_record(make_cfg) -> None:
     assert not (Path(cfg.paths.output_dir) / "metrics.json").exists()
 
 
+@pytest.mark.wandb
 def test_offline_runs_can_be_viewed_locally_with_the_pinned_wandb(tmp_path) -> None:
     """make wandb-view runs `wandb leet`: it must exist in the pinned wandb, needing no login."""
     import os
