@@ -420,7 +420,7 @@ def preset_check(experiment: str, pe: str, runs_dir: Path, steps: int = TIMED_ST
     (steps ``after`` .. ``steps``), the run's training and wall time, and its whole run projected:
     the preset's ``trainer.max_steps`` at that pace plus what this run spent otherwise (start-up,
     warm-up, one validation and the evaluation; the full run validates more often)."""
-    from pipelines.gpu_targets import preset_steps
+    from pipelines.presets import preset_setting
 
     began = time.time()
     done = subprocess.run(preset_argv(experiment, pe, runs_dir, steps, after),
@@ -430,7 +430,7 @@ def preset_check(experiment: str, pe: str, runs_dir: Path, steps: int = TIMED_ST
         raise AssertionError(f"experiment={experiment} pe={pe}: exited {done.returncode}, step clocks {clocks}")
     clock = json.loads(clocks[0].read_text())
     metrics = json.loads((clocks[0].parent / "metrics.json").read_text())
-    total = preset_steps(experiment, pe)
+    total = (preset_setting(experiment, pe) or {}).get("trainer.max_steps")  # None: not composed
     other_s = metrics["wall_time_s"] - clock["s_per_step"] * steps
     return {"preset": experiment, "pe": pe, "steps": steps, "timed_steps": clock["steps"],
             "s_per_step": clock["s_per_step"], "train_time_s": metrics["train_time_s"],

@@ -267,15 +267,6 @@ def window_profiles(outcomes: list[dict]) -> list[str]:
     return out
 
 
-def preset_steps(preset: str, pe: str) -> int | None:
-    """trainer.max_steps of ``experiment=<preset> pe=<pe>`` as conf/ has it now, or None."""
-    from pipelines.hydra_conf import compose_or_none
-
-    cfg = compose_or_none("config", [f"experiment={preset}", f"pe={pe}"])
-    steps = None if cfg is None else cfg.trainer.get("max_steps")
-    return steps if isinstance(steps, int) and steps > 0 else None
-
-
 def timed_presets_md(outcomes: list[dict]) -> list[str]:
     """A table of the timed presets a window ran (``python -m pipelines.gpu_check preset``, one
     JSON line each): seconds a warmed-up step, the whole run projected, and TAPE / RoPE per preset."""
