@@ -11,7 +11,6 @@ logger exists.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import sys
@@ -23,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import instantiate_group
 from pipelines.result_files import Row, read_csv_rows  # noqa: F401 - tests read result files with it
+from tape.optional import missing
 
 # W&B writes one folder per process: wandb/offline-run-<date>_<time>-<id> (run-... online)
 RUN_FOLDER = re.compile(r"(?:offline-)?run-\d{8}_\d{6}-(?P<id>[a-z0-9]+)")
@@ -69,11 +69,9 @@ def check_wandb(cfg: DictConfig) -> None:
     message naming the fix, before any directory (W&B itself would fail after the run directory
     exists, with two tracebacks)."""
     wandb_cfg = (cfg.get("logger") or {}).get("wandb")
-    if wandb_cfg is not None and importlib.util.find_spec("wandb") is None:
-        raise PipelineConfigError(
-            "this logger writes to W&B, but the wandb package is not installed (pip install "
-            "wandb==0.31.0, or make wheelhouse WITH=wandb==0.31.0 for a node without network); "
-            "or run with logger=csv or logger=none")
+    why = None if wandb_cfg is None else missing("wandb")
+    if why is not None:
+        raise PipelineConfigError(f"this logger writes to W&B, but {why}; or run with logger=csv or logger=none")
     if wandb_cfg is None or wandb_cfg.get("offline", True):
         return
     if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or has_wandb_login():

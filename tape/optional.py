@@ -1,5 +1,6 @@
-"""Packages imported only where a task needs them (``datasets``, ``rouge-score``): a missing one is
-named with the line that installs it, before a run claims its directory and where it is imported."""
+"""Packages imported only where a run needs them (``datasets``, ``rouge-score``, ``wandb``): a missing
+one is named with the line that installs it, before a run claims its directory and where it is
+imported; the tests that need one skip without it (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-PINS = {"datasets": "datasets==5.2.0", "rouge_score": "rouge-score==0.1.2"}
+PINS = {"datasets": "datasets==5.2.0", "rouge_score": "rouge-score==0.1.2", "wandb": "wandb==0.31.0"}
 """Import name -> requirements.txt's pin (a test keeps them equal)."""
 
 

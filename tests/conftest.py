@@ -48,17 +48,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``-m cuda`` tests need a GPU and ``wandb`` tests the wandb package: elsewhere they are
-    skipped, with the reason in the summary."""
-    import importlib.util
-
+    """``-m cuda`` tests need a GPU, and tests marked with an optional package (``wandb``,
+    ``datasets``, ``rouge_score``: tape.optional.PINS) need it: elsewhere they are skipped, with
+    the reason in the summary."""
     import torch
 
-    skips = {}
+    from tape.optional import PINS, missing
+
+    skips = {name: pytest.mark.skip(reason=f"optional: {why}") for name in PINS if (why := missing(name))}
     if not torch.cuda.is_available():
         skips["cuda"] = pytest.mark.skip(reason="needs a CUDA GPU (none here); run them on one with make gpu-check")
-    if importlib.util.find_spec("wandb") is None:
-        skips["wandb"] = pytest.mark.skip(reason="optional: pip install wandb==0.31.0")
     for item in items:
         for keyword, skip in skips.items():
             if keyword in item.keywords:

@@ -298,8 +298,8 @@ def test_presets_compose_cpu_is_the_default_and_validates(tmp_path):
                                                  "tape_options": {"post_attn": "mix"}}
 
 
+@pytest.mark.datasets
 def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypatch):
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     cfg = compose_config("config", ["experiment=context_extension/paper"])
     with pytest.raises(PipelineConfigError, match=r"model\.pretrained_path.*hf download"):
         validate(cfg)
@@ -322,10 +322,10 @@ def test_paper_preset_fails_at_once_naming_weights_then_data(tmp_path, monkeypat
         load_data(cfg)  # HF_HUB_OFFLINE=1 (conftest): fails at once, no network touched
 
 
+@pytest.mark.datasets
 def test_a_local_copy_of_the_hub_dataset_reads_offline(tmp_path):
     """The offline error told the user to point data.hub_dataset at a local copy, then refused
     it: the hub's reachability was checked before the name."""
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     from pipelines.tasks.context_extension.data import _hub_documents
 
     copy = tmp_path / "redpajama"

@@ -63,10 +63,10 @@ def test_scrolls_without_its_packages_is_refused(make_cfg, without, setting, pac
         validate(make_cfg("experiment=scrolls/smoke", "pe=tape", setting))
 
 
+@pytest.mark.datasets
 def test_qa_scrolls_does_not_need_rouge(make_cfg, without) -> None:
     from pipelines.tasks.scrolls import validate
 
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     without("rouge_score")
     validate(make_cfg("experiment=scrolls/smoke", "pe=tape", "task.dataset=qasper"))  # F1: no ROUGE
 

@@ -88,8 +88,8 @@ def test_cpu_preset_runs_when_shrunk(make_cfg, data_dir) -> None:
     assert set(cfg.task.eval_multipliers) == {1, 2, 4} and "ppl_4x" in metrics
 
 
+@pytest.mark.datasets
 def test_paper_preset_matches_the_spec() -> None:
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     cfg = compose_config("config", ["experiment=pretrain/paper", "pe=tape"])
     mc = model_config(cfg)
     assert (mc.n_layers, mc.d_model, mc.n_heads, mc.ffn_dim, mc.vocab_size) == (12, 768, 12, 3072, 32000)
@@ -144,8 +144,8 @@ def write_c4_shards(root: Path, docs_per_split: int = 30, words: int = 5) -> Pat
     return shard_dir
 
 
+@pytest.mark.datasets
 def test_stream_reads_local_c4_shards(tmp_path) -> None:
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     shard_dir = write_c4_shards(tmp_path)
     data = open_text_stream(str(shard_dir))
     assert {int(row["text"].split()[0]) for row in open_text_stream(str(shard_dir), "validation")} == set(range(100, 130))
@@ -161,9 +161,9 @@ def test_stream_reads_local_c4_shards(tmp_path) -> None:
     assert firsts[0].isdisjoint(firsts[1]) and len(firsts[0] | firsts[1]) == 30  # ranks split documents
 
 
+@pytest.mark.datasets
 def test_paper_path_streams_shards_with_a_hugging_face_tokenizer(make_cfg, data_dir, tmp_path) -> None:
     """The stream corpus end to end offline: local C4-layout shards, a tokenizer directory."""
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     from tape.data.text import TextData
 
     shard_dir = write_c4_shards(tmp_path, docs_per_split=200, words=40)
@@ -181,12 +181,12 @@ def test_stream_source_missing_says_what_to_do(tmp_path) -> None:
         open_text_stream(str(tmp_path / "nowhere"))
 
 
+@pytest.mark.datasets
 @pytest.mark.parametrize("source", ["hub", "train_only"])
 def test_an_unreadable_stream_is_refused_before_the_run_starts(source, make_cfg, data_dir, tmp_path,
                                                                 monkeypatch) -> None:
     """The hub offline was found after the hub client's retries (~23 s), with tracebacks; shards
     without a validation split only when the held-out set was read."""
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     import tape.data.hub
 
     monkeypatch.setattr(tape.data.hub, "hub_reachable", lambda timeout=3.0: False)

@@ -169,8 +169,8 @@ def test_group_references_collapses_rows_with_the_same_id() -> None:
     assert references(rows[:3]) == {"a": ["one", "uno"], "b": ["two"]}
 
 
+@pytest.mark.datasets
 def test_fixture_end_to_end_qa_and_summary(tmp_path: Path) -> None:
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     qa = load_scrolls("qasper", FIXTURES, cache_dir=tmp_path)
     assert {s: len(d) for s, d in qa.items()} == {"train": 3, "validation": 3}
     refs = references(qa["validation"])
@@ -270,10 +270,10 @@ def make_hub_zip(path: Path, task: str, members: dict[str, Path]) -> Path:
     return path
 
 
+@pytest.mark.datasets
 def test_hub_zip_is_read_without_a_loading_script(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     import huggingface_hub
 
     snapshot = tmp_path / "hub" / "snapshots" / "c0ffee"  # the hub cache names it after the commit
@@ -296,8 +296,8 @@ def test_hub_zip_is_read_without_a_loading_script(
         load_scrolls("qasper", None, splits=("test",), cache_dir=tmp_path / "cache")
 
 
+@pytest.mark.datasets
 def test_rows_without_the_scrolls_fields_are_refused(tmp_path: Path) -> None:
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     (tmp_path / "qasper").mkdir()
     row = json.dumps({"id": "x", "text": "y"})
     (tmp_path / "qasper" / "validation.jsonl").write_text(row + "\n")

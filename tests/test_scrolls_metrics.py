@@ -69,8 +69,8 @@ def test_task_f1_is_the_mean_of_the_per_example_best() -> None:
     assert compute_scores("exact_match", preds, refs) == {"exact_match": pytest.approx(50.0)}
 
 
+@pytest.mark.rouge_score
 def test_rouge_on_a_tiny_pair_by_hand() -> None:
-    pytest.importorskip("rouge_score", reason="optional: pip install rouge-score==0.1.2")
     # prediction [a, cat, sat], reference [the, cat, sat, down] (rouge-score keeps articles)
     # R1: 2 shared unigrams, P = 2/3, R = 2/4 -> F = 4/7
     # R2: bigrams {a cat, cat sat} vs {the cat, cat sat, sat down}: 1 shared,
@@ -87,16 +87,16 @@ def test_rouge_on_a_tiny_pair_by_hand() -> None:
     assert scores["rouge/geometric_mean"] == pytest.approx(50.7374, abs=1e-4)
 
 
+@pytest.mark.rouge_score
 def test_rouge_does_not_stem_and_ignores_newlines() -> None:
-    pytest.importorskip("rouge_score", reason="optional: pip install rouge-score==0.1.2")
     # the official metric passes use_stemmer=False: "cats"/"cat" and "running"/"run" differ
     assert rouge("cats running", "cat run") == {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
     # the hub's sentence-per-line post-processing cannot change R1/R2/RL: newlines are spaces
     assert rouge("the cat\nsat down", "the cat sat down")["rouge2"] == 1.0
 
 
+@pytest.mark.rouge_score
 def test_rouge_takes_the_maximum_over_references_for_each_key_separately() -> None:
-    pytest.importorskip("rouge_score", reason="optional: pip install rouge-score==0.1.2")
     # vs "d c b a": R1 = 1, R2 = 0, RL = LCS 1 of 4 = 1/4
     # vs "a b x y": R1 = 1/2, R2 = 1 of 3 bigrams each side = 1/3, RL = LCS [a, b] = 1/2
     scores = compute_scores("rouge", ["a b c d"], [["d c b a", "a b x y"]])
@@ -105,8 +105,8 @@ def test_rouge_takes_the_maximum_over_references_for_each_key_separately() -> No
     assert scores["rouge/rougeL"] == pytest.approx(50.0)  # from the second
 
 
+@pytest.mark.rouge_score
 def test_geometric_mean_is_taken_after_averaging_over_examples() -> None:
-    pytest.importorskip("rouge_score", reason="optional: pip install rouge-score==0.1.2")
     preds, refs = ["a cat sat", "a b c d"], [["the cat sat down"], ["a b x y"]]
     scores = compute_scores("rouge", preds, refs)
     means = [100 * (4 / 7 + 1 / 2) / 2, 100 * (2 / 5 + 1 / 3) / 2, 100 * (4 / 7 + 1 / 2) / 2]
@@ -115,8 +115,8 @@ def test_geometric_mean_is_taken_after_averaging_over_examples() -> None:
     assert scores["rouge/geometric_mean"] != pytest.approx(sum(per_example) / 2, rel=1e-6)
 
 
+@pytest.mark.rouge_score
 def test_the_official_metric_documented_example() -> None:
-    pytest.importorskip("rouge_score", reason="optional: pip install rouge-score==0.1.2")
     # tau/scrolls metrics/scrolls.py documents these inputs and outputs (rounded to 4 decimals)
     preds = ["exact match example", "hello there", "general kenobi"]
     refs = [["exact match example"], ["hello", "hi there"], ["commander kenobi"]]
@@ -189,8 +189,8 @@ def test_score_file_refuses_bad_predictions_and_writes_the_errors(tmp_path: Path
     assert "f1" not in written
 
 
+@pytest.mark.rouge_score
 def test_summary_tasks_score_the_rouge_geometric_mean() -> None:
-    pytest.importorskip("rouge_score", reason="optional: pip install rouge-score==0.1.2")
     metrics = score_predictions("gov_report", {"g": "a cat sat"}, {"g": ["the cat sat down"]})
     assert metrics["scrolls_score"] == metrics["rouge/geometric_mean"]
     assert metrics["scrolls_score"] == pytest.approx(50.7374, abs=1e-4)

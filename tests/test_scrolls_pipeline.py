@@ -47,12 +47,11 @@ def scrolls_cfg(make_cfg, *overrides: str, name: str = "ft", runs_dir: Path | No
                     name=name, runs_dir=runs_dir)
 
 
+@pytest.mark.datasets
 @pytest.mark.wandb
-@pytest.mark.parametrize(("dataset", "metric"), [("qasper", "f1"), ("gov_report", "rouge_geometric_mean")])
+@pytest.mark.parametrize(("dataset", "metric"), [
+    ("qasper", "f1"), pytest.param("gov_report", "rouge_geometric_mean", marks=pytest.mark.rouge_score)])
 def test_finetune_generate_and_score(dataset, metric, make_cfg, pretrained) -> None:
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
-    if metric.startswith("rouge"):
-        pytest.importorskip("rouge_score", reason="optional: pip install rouge-score==0.1.2")
     cfg = scrolls_cfg(make_cfg, f"task.dataset={dataset}", f"task.pretrained_run={pretrained}",
                       "logger=wandb")
     metrics = train(cfg)
@@ -169,8 +168,8 @@ def test_pe_must_match_the_pretrained_run(make_cfg, pretrained) -> None:
         scrolls_task.prepare(cfg)
 
 
+@pytest.mark.datasets
 def test_no_data_fails_at_once_and_says_where_to_get_it(make_cfg, pretrained, tmp_path) -> None:
-    pytest.importorskip("datasets", reason="optional: pip install datasets==5.2.0")
     cfg = scrolls_cfg(make_cfg, f"task.pretrained_run={pretrained}", f"task.data_dir={tmp_path / 'empty'}",
                       name="nodata")
     with pytest.raises(PipelineConfigError, match="tau/scrolls") as err:
