@@ -36,16 +36,15 @@ def preset_setting(experiment: str, pe: str, overrides: tuple[str, ...] = ()) ->
 
 
 def _prepare(cfg: DictConfig) -> None:
-    """``task.prepare`` as pipelines.train runs it, where it needs nothing but the config (SCROLLS
-    adopts a pretraining run: its keys stay as conf/ has them)."""
+    """``task.prepare`` as pipelines.train runs it, where it needs nothing but the config; an
+    unknown task or a value its checks refuse is compared as conf/ has it."""
     from pipelines import tasks
     from pipelines.errors import PipelineConfigError
 
-    name = str(cfg.task.get("name"))
-    if name == "scrolls" or name not in tasks.names():
+    if str(cfg.task.get("name")) not in tasks.names():
         return
     try:
-        tasks.get(name).prepare(cfg)
+        tasks.prepare_from_conf(cfg)
     except PipelineConfigError:  # a value validate() refuses: compared as conf/ has it
         pass
 

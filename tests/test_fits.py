@@ -26,8 +26,7 @@ def test_the_floor_grows_with_length_batch_bias_and_precision() -> None:
 def test_every_preset_is_under_its_devices_memory(preset: str) -> None:
     """Paper presets run on one 80 GB GPU, the others on a laptop: none may be refused there."""
     cfg = compose_config("config", [f"experiment={preset}", "pe=alibi"])
-    if cfg.task.name != "scrolls":  # prepare fills the lengths some tasks derive (scrolls reads a run)
-        tasks.get(str(cfg.task.name)).prepare(cfg)
+    tasks.prepare_from_conf(cfg)
     step = training_step(cfg)
     if step is None:
         pytest.skip(f"{preset} has no single training length")

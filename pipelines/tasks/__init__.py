@@ -8,6 +8,8 @@ One module (or subpackage) per task, named as the task: it registers its ``Task`
 
 from __future__ import annotations
 
+from omegaconf import DictConfig
+
 from pipelines.errors import PipelineConfigError
 from pipelines.tasks.base import Task, WandbTable
 from tape.registry import Registry
@@ -32,10 +34,21 @@ def names() -> list[str]:
     return _TASKS.names()
 
 
+def prepare_from_conf(cfg: DictConfig) -> bool:
+    """Complete ``cfg`` in place as pipelines.train does (``task.prepare``: the vocabulary and
+    length a task derives) where that needs nothing but the config; a task whose prepare adopts
+    another run (``prepare_reads_runs``) is left as conf/ has it. True where prepare ran."""
+    task = get(str(cfg.task.name))
+    if task.prepare_reads_runs:
+        return False
+    task.prepare(cfg)
+    return True
+
+
 def wandb_tables() -> dict[str, WandbTable]:
     """Run-dir file -> its W&B table, over every task (a run may hold another task's files)."""
     _TASKS.import_all()
     return {file: table for task in _TASKS for file, table in task.wandb_tables.items()}
 
 
-__all__ = ["Task", "WandbTable", "get", "names", "register", "wandb_tables"]
+__all__ = ["Task", "WandbTable", "get", "names", "prepare_from_conf", "register", "wandb_tables"]

@@ -40,6 +40,7 @@ class Task:
     name: ClassVar[str] = ""  # set by pipelines.tasks.register
     trains: ClassVar[bool] = True  # False: pipelines.train refuses it (pipelines.evaluate runs it)
     runs_itself: ClassVar[bool] = False  # True: pipelines.train hands the whole run to ``run``
+    prepare_reads_runs: ClassVar[bool] = False  # True: ``prepare`` needs another run, not only conf/
     wandb_tables: ClassVar[Mapping[str, WandbTable]] = {}  # run-dir file -> its W&B table
 
     def prepare(self, cfg: DictConfig) -> None:

@@ -279,6 +279,7 @@ class Scrolls(Task):
 
     wandb_tables = {"predictions_scored.jsonl": WandbTable("eval/predictions", read_jsonl_rows, predictions_rows)}
     prepare = staticmethod(prepare)
+    prepare_reads_runs = True  # adopts task.pretrained_run's model and vocabulary
     initialize = staticmethod(initialize)
     validate = staticmethod(validate)
     datamodule = staticmethod(datamodule)
