@@ -41,11 +41,9 @@ def _prepare(cfg: DictConfig) -> None:
     from pipelines import tasks
     from pipelines.errors import PipelineConfigError
 
-    if str(cfg.task.get("name")) not in tasks.names():
-        return
-    try:
+    try:  # tasks.get imports only the task's module (names() would import every task's)
         tasks.prepare_from_conf(cfg)
-    except PipelineConfigError:  # a value validate() refuses: compared as conf/ has it
+    except PipelineConfigError:  # an unknown task, or a value its checks refuse: as conf/ has it
         pass
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
 from omegaconf import DictConfig, open_dict
@@ -19,7 +19,9 @@ from pipelines.models import check_model_vocab, check_position_range, model_conf
 from pipelines.result_files import write_csv
 from pipelines.tasks.base import Task, WandbTable
 from tape.data.synthetic import ANSWER, STEP, as_batch, scored_roles, teacher_forced_hits
-from tape.lightning.synthetic import SyntheticDataModule
+
+if TYPE_CHECKING:
+    from tape.lightning.synthetic import SyntheticDataModule
 
 TestSet = Callable[[int], tuple[np.ndarray, np.ndarray]]  # size -> (tokens, roles), each (B, T)
 
@@ -200,6 +202,8 @@ class SizedTask(Task):
         check_position_range(mc, *self.positions_needed(t))
 
     def datamodule(self, cfg: DictConfig) -> SyntheticDataModule:
+        from tape.lightning.synthetic import SyntheticDataModule  # Lightning: after the checks
+
         t, seed, copies = cfg.task, int(cfg.seed), self.score_copies(cfg.task)
         return SyntheticDataModule(lambda rng, b: self.training_batch(t, rng, b),
                                    lambda: as_batch(*self.validation_set(t, seed), copies),

@@ -28,8 +28,7 @@ def validate(cfg: DictConfig) -> None:
         if int(t[key]) < 1:
             raise PipelineConfigError(f"task.{key}={t[key]} must be >= 1")
     check(t)  # the evaluation's settings (after training it ran into eval_batch_size=0)
-    from tape.data.addition import max_sequence_length
-    from tape.lightning import AdditionDataModule
+    from tape.data.addition import VOCAB_SIZE, max_sequence_length
 
     need = max_sequence_length(t.max_digits)  # checked first: it names the value most likely wrong
     if t.seq_len < need:
@@ -44,7 +43,7 @@ def validate(cfg: DictConfig) -> None:
             "task.max_digits or raise task.eval_max_digits"
         )
     mc = model_config(cfg)
-    check_model_vocab(mc, AdditionDataModule.vocab_size, "addition vocabulary")
+    check_model_vocab(mc, VOCAB_SIZE, "addition vocabulary")
     check_position_range(mc, *positions_needed(t))
     check_abacus_range(mc, int(t.max_digits), "task.max_digits", training=True)
     check_abacus_range(mc, int(t.eval_max_digits), "task.eval_max_digits", training=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,7 +19,9 @@ from pipelines.result_files import write_csv
 from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
 from tape.data.flipflop import LOSS_ON, VOCAB_SIZE, eval_set, read_mask
-from tape.lightning.flipflop import FlipFlopDataModule
+
+if TYPE_CHECKING:
+    from tape.lightning.flipflop import FlipFlopDataModule
 
 
 def validate(cfg: DictConfig) -> None:
@@ -51,6 +53,8 @@ def validate(cfg: DictConfig) -> None:
 
 
 def datamodule(cfg: DictConfig) -> FlipFlopDataModule:
+    from tape.lightning.flipflop import FlipFlopDataModule  # Lightning: after the checks
+
     t = cfg.task
     return FlipFlopDataModule(int(t.seq_len), int(t.batch_size), float(t.p_ignore),
                               int(t.val_sequences), int(cfg.seed), str(t.loss_on))

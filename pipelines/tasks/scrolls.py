@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -35,11 +35,13 @@ from tape.data.scrolls import (
     TASKS, Lengths, ScrollsDataError, get_task, group_references, load_scrolls, prompt_ids,
     suffix_tokens, training_row,
 )
-from tape.lightning import FineTuneDataModule
 from tape.metrics.scrolls import SCORE_KEY, compute_scores, score_file
 from tape.model.generate import TopKTopPSampler, argmax_choice, greedy_generate
 from tape.report.runs import Run, find_runs
 from tape.report.settings import describe, differences
+
+if TYPE_CHECKING:
+    from tape.lightning import FineTuneDataModule
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +200,8 @@ def _rows(data: Any, t: DictConfig, tok: TokenizerView, lengths: Lengths, limit:
 
 
 def datamodule(cfg: DictConfig) -> FineTuneDataModule:
+    from tape.lightning import FineTuneDataModule  # Lightning: after the checks
+
     t = cfg.task
     data = _load(t, ("train", "validation"))
     tok = TokenizerView(t.pretrained)

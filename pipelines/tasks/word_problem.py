@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,7 +23,9 @@ from pipelines.result_files import write_csv
 from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable
 from tape.data.word_problem import GROUPS, Group, eval_set, get_group, model_inputs
-from tape.lightning.word_problem import WordProblemDataModule
+
+if TYPE_CHECKING:
+    from tape.lightning.word_problem import WordProblemDataModule
 
 
 def _group(t: DictConfig) -> Group:
@@ -77,6 +79,8 @@ def validate(cfg: DictConfig) -> None:
 
 
 def datamodule(cfg: DictConfig) -> WordProblemDataModule:
+    from tape.lightning.word_problem import WordProblemDataModule  # Lightning: after the checks
+
     t = cfg.task
     return WordProblemDataModule(str(t.group), int(t.seq_len), int(t.batch_size), int(t.val_sequences),
                                  int(cfg.seed), bool(t.bos))
