@@ -208,3 +208,44 @@ def test_add_records_refuses_runs_that_overlap_the_records(tmp_path: Path, runs_
     assert report_main(["--runs", str(tmp_path / runs_arg), "--out", str(out), "--add-records"]) == 1
     assert "overlap, so --add-records would copy records into themselves" in capsys.readouterr().err
     assert sorted(p for p in (out / "records").rglob("*")) == before
+
+
+def test_committed_configs_read_the_same_with_libyaml_as_with_pyyaml() -> None:
+    """Run.config parses with libyaml's loader (the report reads every record's config.yaml);
+    it must give what PyYAML's own safe loader gives, on the records themselves."""
+    import yaml
+
+    configs = sorted((REPO / "results" / "records").rglob("config.yaml"))[::7]
+    if not configs:
+        pytest.skip("no committed records")
+    runs = {r.path: r for r in find_runs(REPO / "results" / "records")}
+    for path in configs:
+        assert runs[path.parent].config() == yaml.safe_load(path.read_text()), path
+
+
+def test_flops_per_step_are_counted_once_per_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report counted a whole traced step for every run of a FLOPs figure (62 counts, about
+    half of `make report`'s time), though seeds and arms share a few settings."""
+    import tape.bench.flops as flops
+    from tape.report import claim_figures
+
+    calls: list[tuple[int, int]] = []
+    real = flops.model_costs
+
+    def counted(mc, batch, seq_len, **kw):
+        calls.append((batch, seq_len))
+        return real(mc, batch, seq_len, **kw)
+
+    monkeypatch.setattr(flops, "model_costs", counted)
+    claim_figures._flops_per_step.cache_clear()
+    config = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "vocab_size": 64, "max_seq_len": 64},
+              "pe": {"name": "tape"}, "task": {"batch_size": 2, "seq_len": 16}}
+    runs_dir = tmp_path / "runs"
+    for seed in range(3):
+        make_run(runs_dir, "flipflop/cpu", "tape", seed, f"20261206-00000{seed}-abc", {}, config)
+    longer = {**config, "task": {"batch_size": 2, "seq_len": 32}}
+    make_run(runs_dir, "flipflop/cpu", "tape", 3, "20261206-000003-abc", {}, longer)
+    counts = [claim_figures.train_flops_per_step(r) for r in sorted(find_runs(runs_dir), key=lambda r: r.seed)]
+    assert calls == [(2, 16), (2, 32)]
+    assert counts[0] == counts[1] == counts[2] > 0 and counts[3] > counts[0]
+    claim_figures._flops_per_step.cache_clear()

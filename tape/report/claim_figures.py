@@ -10,6 +10,8 @@ held-out perplexity at each multiple.
 from __future__ import annotations
 
 import csv
+import functools
+import json
 import re
 from typing import Any, Callable, Mapping
 
@@ -161,16 +163,26 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
 def train_flops_per_step(run: Run) -> int | None:
     """Training FLOPs of one optimizer step of ``run`` (forward, loss, backward; matrix products,
     tape/bench/flops.py) from its config, or None when the config cannot say."""
+    cfg = run.config()
+    try:
+        groups = json.dumps([cfg["model"], cfg["pe"]], sort_keys=True)
+        return _flops_per_step(groups, int(cfg["task"]["batch_size"]), int(cfg["task"]["seq_len"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _flops_per_step(groups: str, batch: int, seq_len: int) -> int:
+    """``train_flops_per_step`` of the model and pe groups (JSON [model, pe]), counted once per
+    setting: a count traces a whole step on the meta device (about half a second), and a
+    claim's seeds and arms share a few settings."""
     from tape.bench.flops import model_costs
     import tape.pe as pe_registry
     from tape.model import ModelConfig
 
-    cfg = run.config()
-    try:
-        mc = ModelConfig.from_groups(dict(cfg["model"]), dict(cfg["pe"]), pe_registry.option_names())
-        return model_costs(mc, int(cfg["task"]["batch_size"]), int(cfg["task"]["seq_len"]), backward=True)["flops"]
-    except (KeyError, TypeError, ValueError):
-        return None
+    model, pe = json.loads(groups)
+    mc = ModelConfig.from_groups(dict(model), dict(pe), pe_registry.option_names())
+    return model_costs(mc, batch, seq_len, backward=True)["flops"]
 
 
 def validation_curve(run: Run, key: str = "val/loss") -> dict[int, float]:

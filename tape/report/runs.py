@@ -20,6 +20,10 @@ from typing import Any, Iterable
 
 import yaml
 
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader where PyYAML was built with it: the same documents, parsed about ten
+times faster (the report reads every record's config.yaml)."""
+
 RUN_NAME = re.compile(r"^\d{8}-\d{6}-[0-9a-f]+(-\d+)?$")
 SKIP_DIRS = {"multirun", "models", "wandb", "eval", "checkpoints", "csv", ".hydra"}
 
@@ -94,7 +98,7 @@ class Run:
         """The resolved config.yaml ({} when missing or unreadable); read once."""
         if self._config is None:
             try:
-                loaded = yaml.safe_load((self.path / "config.yaml").read_text())
+                loaded = yaml.load((self.path / "config.yaml").read_text(), Loader=YAML_LOADER)
             except (OSError, yaml.YAMLError):
                 loaded = {}
             self._config = loaded if isinstance(loaded, dict) else {}
