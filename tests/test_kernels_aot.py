@@ -138,6 +138,17 @@ def test_fp32_wide_heads_fit_at_their_default_block_and_not_at_64():
 
 def test_the_report_prints_a_row_per_kernel():
     rows = aot.report(["bfloat16"], [64])
-    assert [r.kernel for r in rows] == ["_fwd", "_bwd_dkdvde", "_bwd_dq"]
+    assert [r.kernel for r in rows] == ["_fwd", "_bwd_dkdvde", "_bwd_dq", "_bwd_delta"]
     table = aot.markdown(rows)
-    assert table.count("\n| _") == 3 and "(yes)" in table
+    assert table.count("\n| _") == 4 and "NO" not in table
+
+
+def test_the_report_compiles_every_kernel_the_wrapper_launches():
+    """The backward's Δ kernel (2026-11-28) was launched by the wrapper but compiled by nothing
+    before a GPU ran it: the report's list must hold every kernel ``_run`` or ``_launch`` starts."""
+    import inspect
+    import re
+
+    source = inspect.getsource(aot.ta)
+    launched = set(re.findall(r"\b_(?:run|launch)\(\s*(_\w+),", source))
+    assert launched and launched == set(aot.REPORTED)

@@ -24,6 +24,7 @@ import triton
 from tape.kernels import triton_attention as ta
 from tape.kernels.tuning import KERNELS, LaunchConfig, config
 
+REPORTED = (*KERNELS, "_bwd_delta")  # every kernel a launch runs; Δ's rows are fixed (DELTA_ROWS)
 ARCH = 90  # sm_90: H100 and H200
 SHARED_LIMIT = 232_448  # bytes of shared memory one block may use on sm_90
 TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -91,6 +92,7 @@ def compile_kernel(kernel: str, dtype: str, head_dim: int, config: LaunchConfig)
         SPLIT=ta.splits(torch.empty(0, dtype=getattr(torch, dtype), device="meta")),  # as a GPU launch decides
         BLOCK_D=tile, BLOCK_DV=tile, BLOCK_DE=tile,
         BLOCK_M=config.block_n if kernel != "_fwd" else config.block_m, BLOCK_N=config.block_n)
+    constexprs = {name: value for name, value in constexprs.items() if name in jit.arg_names}
     values = _specialisation(kernel, dtype, head_dim)
     signature, attrs = {}, {}
     for i, name in enumerate(jit.arg_names):
@@ -172,6 +174,8 @@ def report(dtypes: Sequence[str] = ("bfloat16",), head_dims: Sequence[int] = (64
                 tuned = config(kernel, getattr(torch, dtype), ta._block(head_dim)) or LaunchConfig(block, block)
                 for launch in dict.fromkeys([tuned, *(configs or ())]):
                     out.append(compile_kernel(kernel, dtype, head_dim, launch))
+            rows = LaunchConfig(ta.DELTA_ROWS, ta.DELTA_ROWS)  # launched as it is: Triton's warps and stages
+            out.append(compile_kernel("_bwd_delta", dtype, head_dim, rows))
     return out
 
 
