@@ -407,9 +407,15 @@ def resume_check(runs_dir: Path, device: str = "cuda", interrupt_at: int = 4) ->
 def preset_argv(experiment: str, pe: str, runs_dir: Path, steps: int = TIMED_STEPS,
                 after: int = CLOCK_AFTER) -> tuple[str, ...]:
     """``pipelines.train`` for ``steps`` steps of a preset, validated once at the end, with a
-    ``StepClock`` timing the steps after ``after`` into the run's step_clock.json."""
+    ``StepClock`` timing the steps after ``after`` into the run's step_clock.json. Lightning counts
+    ``val_check_interval`` in batches: a preset that accumulates k batches a step validates after
+    k * steps of them."""
+    from pipelines.presets import preset_setting
+
+    accumulate = int((preset_setting(experiment, pe) or {}).get("trainer.accumulate_grad_batches") or 1)
     return (sys.executable, "-m", "pipelines.train", f"experiment={experiment}", f"pe={pe}", "logger=csv",
-            f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}", f"paths.runs_dir={runs_dir}",
+            f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps * accumulate}",
+            f"paths.runs_dir={runs_dir}",
             "+callbacks.step_clock._target_=pipelines.callbacks.StepClock",
             "+callbacks.step_clock.path=${paths.output_dir}/step_clock.json", f"+callbacks.step_clock.after={after}")
 

@@ -822,6 +822,14 @@ def test_the_step_clock_times_whole_optimizer_steps_after_the_warm_up(tmp_path: 
                                                                  "s_per_step": 1 / 3}
 
 
+@pytest.mark.parametrize(("experiment", "batches"), [("flipflop/gpu", 50), ("addition/paper", 100)])
+def test_a_timed_preset_validates_only_after_its_last_step(experiment: str, batches: int, tmp_path: Path) -> None:
+    """val_check_interval counts batches, not optimizer steps: a preset accumulating 2 batches a
+    step (addition/paper) validated and saved a checkpoint at step 25, inside the timed steps."""
+    argv = gpu_check.preset_argv(experiment, "rope", tmp_path, steps=50)
+    assert "trainer.max_steps=50" in argv and f"trainer.val_check_interval={batches}" in argv
+
+
 def test_a_timed_preset_reports_its_warmed_up_pace_and_projects_its_run(tmp_path: Path) -> None:
     """The timed presets printed nothing but Lightning's summary: their minutes were copied from
     a progress bar by hand, and only RoPE's. Run here on flipflop/smoke (6 steps: the whole
