@@ -132,7 +132,7 @@ class RunSource:
     def load_model(self, device: str, dtype: str = "float32") -> tuple[nn.Module, dict[str, Any]]:
         """The model on ``device`` in eval mode, and facts about it (steps trained). ``dtype``
         is a Hugging Face model's; a run's checkpoint loads float32 (precision= sets autocast)."""
-        from tape.hf.io import DTYPES
+        from tape.hf_names import DTYPES
 
         if dtype not in DTYPES:
             raise PipelineConfigError(f"dtype={dtype}: choose one of {list(DTYPES)}")

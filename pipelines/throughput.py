@@ -137,7 +137,8 @@ def _extension_step(cfg: DictConfig, recipe_name: str, device: str, layers: int,
     """A training call (forward, loss, backward, AdamW) of the recipe on ``layers`` layers of
     ``shape``, built as the task builds it, and its trainable parameter count."""
     from pipelines.tasks.context_extension.stages import recipe_spec, set_dtypes
-    from tape.hf.io import DTYPES, build_llama, enable_checkpointing
+    from tape.hf.io import build_llama, enable_checkpointing
+    from tape.hf_names import DTYPES
     from tape.hf.loss import split_losses
     from tape.hf.recipes import apply_recipe
 

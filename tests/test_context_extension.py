@@ -567,7 +567,7 @@ def test_base_check_reads_the_longest_passkey_length_within_the_context():
     the context: the check takes the longest that fits, and flags a base that fails there."""
     from omegaconf import OmegaConf
 
-    from pipelines.tasks.context_extension import _base_check
+    from pipelines.tasks.context_extension.runner import _base_check
 
     cfg = OmegaConf.create({"model": {"context": 4096}, "eval": {"min_base_passkey": 0.95}})
     rows = [{"target_tokens": t, "accuracy": a} for t, a in ((3930, 0.9), (823, 1.0), (4750, 0.1))]

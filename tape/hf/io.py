@@ -18,8 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # config names
-
 
 def build_llama(vocab_size: int, hidden_size: int, intermediate_size: int, num_layers: int,
                 num_heads: int, num_kv_heads: int, context: int, rope_theta: float = 10000.0,

@@ -39,9 +39,11 @@ from pipelines.callbacks import OneLineModelSummary
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import CONF_DIR
 from pipelines.run_dirs import is_rank_zero
+from pipelines.tasks.context_extension.checks import recipe_spec
 from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
 from tape.data.passkey import garbage_for_tokens
-from tape.hf.io import DTYPES, build_llama, enable_checkpointing, is_saved_model, load_model, save_model
+from tape.hf.io import build_llama, enable_checkpointing, is_saved_model, load_model, save_model
+from tape.hf_names import DTYPES
 from tape.lightning import HFCausalLMModule, IndexedBatchDataModule
 from tape.lightning.distributed import trained_model
 
@@ -75,13 +77,6 @@ def _hardware(cfg: DictConfig) -> dict[str, Any]:
     process, so more processes train on more rows per step)."""
     t = cfg.trainer
     return {"precision": str(t.precision), "devices": str(t.devices), "num_nodes": int(t.get("num_nodes") or 1)}
-
-
-def recipe_spec(cfg: DictConfig, name: str) -> tuple[str, dict[str, Any]]:
-    """(base recipe, keyword options) of the named recipe ``recipes.<name>``; the base recipe is
-    its ``recipe`` key (default: the name itself), e.g. tape_mix -> tape with the mix post map."""
-    options = dict(_plain(cfg.recipes[name]))
-    return str(options.pop("recipe", name)), options
 
 
 def barrier() -> None:
