@@ -595,6 +595,25 @@ def test_settings_differ_only_in_shared_keys_outside_the_ignored_ones() -> None:
     assert same_setting(newer, base)
 
 
+def test_grouping_flattens_each_runs_config_once(tmp_path: Path, monkeypatch) -> None:
+    """Grouping compared every run with every setting's newest run, flattening both configs
+    each time (3,463 flattenings for the 537 committed records); each run's setting is now
+    flattened once, and runs of one setting still pool while the others are set apart."""
+    from tape.report import settings
+    from tape.report.groups import group_by
+    from tape.report.runs import Run
+
+    calls = []
+    real = settings.flatten
+    monkeypatch.setattr(settings, "flatten", lambda config, prefix="": calls.append(prefix) or real(config, prefix))
+    runs = [Run(tmp_path / f"20261123-1000{i:02d}-aaaaaa", "addition/smoke", "rope", i % 4, {"x": 1.0},
+                _config={"seed": i % 4, "optim": {"lr": 1e-3 * (1 + i // 4)}}) for i in range(12)]
+    groups = group_by(runs, lambda r: r.pe)
+    assert len(groups) == 3 and all(len(g.finished) == 4 for g in groups.values())
+    assert sum(1 for g in groups.values() if g.differs) == 2
+    assert calls.count("") == len(runs)  # top-level flattenings: one per run
+
+
 def test_provenance_range_is_in_time_order(tmp_path: Path) -> None:
     """Issue 14.10: ctime strings sort wrongly as text ("Mon Nov 23" < "Sun Nov 22")."""
     for name, when in (("20261122-235746-aaaaaa", "Sun Nov 22 23:57:46 2026"),

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from tape.report.runs import Run
-from tape.report.settings import NOT_SETTINGS, describe, differences, same_setting, setting_values
+from tape.report.settings import NOT_SETTINGS, describe, differences, setting_differences, setting_values
 from tape.report.stats import Missing, Summary, summarize
 
 NOT_RUN = "not run"
@@ -59,7 +59,7 @@ def _by_setting(runs: list[Run]) -> list[list[Run]]:
     run of each seed."""
     buckets: list[list[Run]] = []
     for run in sorted(runs, key=lambda r: r.name, reverse=True):
-        home = next((b for b in buckets if same_setting(run.config(), b[0].config())), None)
+        home = next((b for b in buckets if not setting_differences(run.setting(), b[0].setting())), None)
         if home is None:
             buckets.append([run])
         elif all(r.seed != run.seed or r.experiment != run.experiment for r in home):
@@ -74,7 +74,7 @@ Preset = Callable[[str, str], "dict[str, Any] | None"]
 def _distance(bucket: list[Run], preset: Preset) -> int:
     """How many keys of a bucket's setting differ from its preset's (0 without a preset)."""
     setting = preset(bucket[0].experiment, bucket[0].pe)
-    return 0 if setting is None else len(differences(bucket[0].config(), setting))
+    return 0 if setting is None else len(setting_differences(bucket[0].setting(), setting_values(setting)))
 
 
 def group_by(runs: Iterable[Run], key: Callable[[Run], str | None],
@@ -104,7 +104,7 @@ def group_by(runs: Iterable[Run], key: Callable[[Run], str | None],
             for f in members)]  # an unfinished run that a later finished run superseded is left out
         for others in buckets:
             if others is not main:
-                diff = describe(differences(others[0].config(), main[0].config()))
+                diff = describe(setting_differences(others[0].setting(), main[0].setting()))
                 label, n = f"{name} [{diff}]", 2
                 while label in groups:  # two set-apart settings that read alike stay two rows
                     label, n = f"{name} [{diff}] ({n})", n + 1

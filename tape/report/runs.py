@@ -20,6 +20,8 @@ from typing import Any, Iterable
 
 import yaml
 
+from tape.report.settings import setting_values
+
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's safe loader where PyYAML was built with it: the same documents, parsed about ten
 times faster (the report reads every record's config.yaml)."""
@@ -45,6 +47,7 @@ class Run:
     threads: str = ""  # "# threads:" of command.txt: torch's CPU threads ("" before 2026-11-26)
     metric_sources: dict[str, str] = field(default_factory=dict)  # key -> "run" | eval dir name
     _config: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _setting: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -103,6 +106,13 @@ class Run:
                 loaded = {}
             self._config = loaded if isinstance(loaded, dict) else {}
         return self._config
+
+    def setting(self) -> dict[str, Any]:
+        """The flattened config minus the keys that never change a run (tape.report.settings);
+        computed once: grouping compares it with every other run's."""
+        if self._setting is None:
+            self._setting = setting_values(self.config())
+        return self._setting
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

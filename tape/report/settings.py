@@ -52,8 +52,12 @@ def differences(config: Mapping[str, Any], reference: Mapping[str, Any],
     """The keys both settings have where ``config``'s value differs from ``reference``'s, with
     ``config``'s values. A key only one of them has is an option added (or dropped) since the
     older run, whose default kept the old behaviour: it does not count as a difference."""
-    a, b = setting_values(config, ignore), setting_values(reference, ignore)
-    return {k: a[k] for k in sorted(set(a) & set(b)) if a[k] != b[k]}
+    return setting_differences(setting_values(config, ignore), setting_values(reference, ignore))
+
+
+def setting_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """``differences`` of two settings already flattened (``setting_values``)."""
+    return {k: a[k] for k in sorted(a.keys() & b.keys()) if a[k] != b[k]}
 
 
 def same_setting(config: Mapping[str, Any], reference: Mapping[str, Any],
