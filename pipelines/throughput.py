@@ -136,11 +136,12 @@ def _extension_step(cfg: DictConfig, recipe_name: str, device: str, layers: int,
                     shape: dict) -> tuple[Callable[[], None], int]:
     """A training call (forward, loss, backward, AdamW) of the recipe on ``layers`` layers of
     ``shape``, built as the task builds it, and its trainable parameter count."""
-    from pipelines.tasks.context_extension.stages import recipe_spec, set_dtypes
+    from pipelines.tasks.context_extension.checks import recipe_spec
+    from pipelines.tasks.context_extension.stages import set_dtypes
     from tape.hf.io import build_llama, enable_checkpointing
-    from tape.hf_names import DTYPES
     from tape.hf.loss import split_losses
     from tape.hf.recipes import apply_recipe
+    from tape.hf_names import DTYPES
 
     x, frozen = cfg.extend, DTYPES[cfg.model.frozen_dtype]
     recipe, options = recipe_spec(cfg, recipe_name)
