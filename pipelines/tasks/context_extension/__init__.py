@@ -12,7 +12,9 @@ tables.md and passkey.png. Trained models live in ``models_dir`` and are reused 
 with identical settings.
 
 Unlike the other tasks this one runs several fits, so it sets ``runs_itself`` and
-``pipelines.train`` hands it the whole run (``run(cfg)``).
+``pipelines.train`` hands it the whole run (``run(cfg)``). checks.py holds the config checks
+(no Lightning or transformers, so a typo reports in seconds), runner.py the run, stages.py the
+fits and the evaluation, data.py the corpora and report.py the tables and figure.
 """
 
 from __future__ import annotations
