@@ -17,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from tape.hf_names import RECIPES
+
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 

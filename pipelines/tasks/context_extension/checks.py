@@ -18,11 +18,15 @@ from tape.typecheck import type_problems
 MIXED = ("16-mixed", "bf16-mixed")
 
 
+def plain(node: Any) -> Any:
+    """A config node as plain Python values (resolved); anything else as it is."""
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
 def recipe_spec(cfg: DictConfig, name: str) -> tuple[str, dict[str, Any]]:
     """(base recipe, keyword options) of the named recipe ``recipes.<name>``; the base recipe is
     its ``recipe`` key (default: the name itself), e.g. tape_mix -> tape with the mix post map."""
-    node = cfg.recipes[name]
-    options = dict(OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node)
+    options = dict(plain(cfg.recipes[name]))
     return str(options.pop("recipe", name)), options
 
 

@@ -39,7 +39,7 @@ from pipelines.callbacks import OneLineModelSummary
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import CONF_DIR
 from pipelines.run_dirs import is_rank_zero
-from pipelines.tasks.context_extension.checks import recipe_spec
+from pipelines.tasks.context_extension.checks import plain, recipe_spec
 from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
 from tape.data.passkey import garbage_for_tokens
 from tape.hf.io import build_llama, enable_checkpointing, is_saved_model, load_model, save_model
@@ -59,17 +59,13 @@ def settings_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
 def _train_data(cfg: DictConfig) -> dict[str, Any]:
     """The data settings that shape training (not the evaluation files)."""
-    return {k: v for k, v in _plain(cfg.data).items() if k != "eval_files"}
+    return {k: v for k, v in plain(cfg.data).items() if k != "eval_files"}
 
 
 def _section(section: DictConfig) -> dict[str, Any]:
-    return {k: v for k, v in _plain(section).items() if k not in UNSHAPING}
+    return {k: v for k, v in plain(section).items() if k not in UNSHAPING}
 
 
 def _hardware(cfg: DictConfig) -> dict[str, Any]:
@@ -173,7 +169,7 @@ def base_stage(cfg: DictConfig, data: ExtensionData, models_dir: Path,
     if cfg.model.pretrained_path:
         return Path(cfg.model.pretrained_path), {"pretrained": True, "key": str(cfg.model.pretrained_path)}
     m = cfg.model
-    settings = {"model": {k: _plain(m[k]) for k in LLAMA_KEYS}, "data": _train_data(cfg),
+    settings = {"model": {k: plain(m[k]) for k in LLAMA_KEYS}, "data": _train_data(cfg),
                 "base": _section(cfg.base), "seed": cfg.seed, "garbage": base_garbage_range(cfg, data),
                 "hardware": _hardware(cfg)}
     key = settings_key(settings)
