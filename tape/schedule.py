@@ -1,12 +1,14 @@
-"""Learning-rate schedules shared by every training loop (Lightning modules and plain loops)."""
+"""Learning-rate schedules shared by every training loop (Lightning modules and plain loops).
+Imports torch only to build the optimizer, so the config checks (``optim_problems``) stay light."""
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -58,6 +60,8 @@ def adamw_with_schedule(
     """AdamW over the trainable ``(name, parameter)`` pairs (weight decay on matrices only) and
     its per-step :func:`lr_factor` schedule. Refuses parameters that are not fp32: Adam steps of
     about lr = 2e-5 vanish below half a bf16 ulp, so low precision belongs in autocast only."""
+    import torch
+
     trainable = [(n, p) for n, p in params if p.requires_grad]
     if not trainable:
         raise ValueError("the model has no trainable parameters")

@@ -35,6 +35,28 @@ def test_entry_module_imports_no_heavy_library() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_an_optimiser_value_is_refused_before_torch_loads() -> None:
+    """tape.schedule imported torch at import, so `optim.lr=-1` took 4 s to report, not 1.3."""
+    code = """
+import sys
+from pipelines.config_checks import check_optim
+from pipelines.errors import PipelineConfigError
+from pipelines.hydra_conf import compose_or_none
+cfg = compose_or_none("config", ["experiment=addition/smoke", "optim.lr=-1", "optim.schedule=cosnie"])
+try:
+    check_optim(cfg)
+except PipelineConfigError as err:
+    print(err)
+print("torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    message, loaded = out.stdout.strip().splitlines()
+    assert "optim.lr=-1: must be > 0" in message and "optim.schedule=cosnie" in message
+    assert loaded == "False"
+
+
 def test_every_training_tasks_checks_run_before_lightning_loads() -> None:
     """Most tasks imported their Lightning data module at import, so a typo in a flipflop or
     counting run took 12 s to report (Lightning, torchmetrics and transformers loading) where
