@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from warm_python import run_module
+
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ("tape", "conf", "pipelines", "tests")
 
@@ -27,6 +29,8 @@ def copy_project(root: Path, added: Mapping[str, str]) -> Path:
 
 
 def run_python(root: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python *args`` in ``root``, its output captured."""
+    """``python *args`` in ``root``, its output captured (``-m``: forked warm, tests/warm_python.py)."""
+    if args[:1] == ("-m",):
+        return run_module(args[1], args[2:], root, timeout=timeout)
     return subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True,
                           timeout=timeout)

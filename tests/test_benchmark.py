@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from tape.bench.flops import META, count_flops, model_costs
 from tape.bench.memory import rss_in_subprocess, saved_tensor_bytes
 from tape.bench.timing import paired_ratio, time_interleaved
 from tape.model import ModelConfig
+from warm_python import run_module
 
 REPO = Path(__file__).resolve().parents[1]
 TAPE_LABELS = ["tape_fused", "tape_unfused", "tape_concat", "tape_padded", "tape_triton", "tape_flex"]
@@ -231,9 +230,8 @@ def test_config_presets_and_overrides():
 def test_a_sweep_leaves_only_hydras_record_under_runs_multirun(tmp_path):
     """`-m` made ./multirun/<date>/<time>/<job>/ in the current directory."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "pipelines.benchmark", "-m", "scale=tiny", "pes=[rope]",
-                           "tape_modes=[fused]", f"output_dir={tmp_path / 'out'}", "seed=0,1"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    done = run_module("pipelines.benchmark", ["-m", "scale=tiny", "pes=[rope]", "tape_modes=[fused]",
+                                              f"output_dir={tmp_path / 'out'}", "seed=0,1"], tmp_path, env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "runs"]
     records = [p.relative_to(tmp_path).parts for p in (tmp_path / "runs").rglob("*") if p.is_file()]
@@ -245,8 +243,7 @@ def test_bad_settings_end_in_one_line_before_any_work(tmp_path):
     """They ended in tracebacks, some after the benchmark had run (an output_dir that is a file)."""
     afile = tmp_path / "a-file"
     afile.write_text("")
-    done = subprocess.run([sys.executable, "-m", "pipelines.benchmark", "scale=tiny", f"output_dir={afile}"],
-                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    done = run_module("pipelines.benchmark", ["scale=tiny", f"output_dir={afile}"], Path(__file__).resolve().parents[1])
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip() == f"pipelines.benchmark: output_dir={afile} is a file; give a directory"
 
@@ -369,11 +366,7 @@ def test_cuda_results_render_with_memory_and_mfu_columns(tiny_run):
 
 
 def test_the_command_line_entry_point_runs(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.benchmark", "scale=tiny", "pes=[rope,tape]",
-         f"output_dir={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
+    proc = run_module("pipelines.benchmark", ["scale=tiny", "pes=[rope,tape]", f"output_dir={tmp_path}"], REPO)
     assert proc.returncode == 0, proc.stderr
     res = json.loads((tmp_path / "efficiency.json").read_text())
     assert list(res["attention_op"]["rows"]) == [*TAPE_LABELS, "rope"]

@@ -31,6 +31,7 @@ from tape.hf.io import build_llama, load_model, save_model  # noqa: E402
 from tape.hf.recipes import RECIPES, apply_recipe  # noqa: E402
 from tape.hf.loss import split_losses, weighted_loss  # noqa: E402
 from tape.schedule import lr_factor  # noqa: E402
+from warm_python import run_module  # noqa: E402
 
 VOCAB = 512
 NAMED = ["tape", "tape_mix", "lora", "longlora", "theta"]  # the presets' named recipes
@@ -485,13 +486,9 @@ def test_extend_alias_runs_the_cpu_preset_unless_told_otherwise():
 def test_extend_alias_reaches_the_configs_and_their_checks(tmp_path):
     """The command line itself: pipelines.extend composes conf/ and fails on a bad recipe with the
     config error, before anything is written (it once failed to find conf/ at all)."""
-    import subprocess
-    import sys
-
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "-m", "pipelines.extend", "extend.recipes=[nope]", "logger=none",
-         f"paths.runs_dir={tmp_path / 'runs'}"], cwd=root, capture_output=True, text=True, timeout=300)
+    done = run_module("pipelines.extend",
+                      ["extend.recipes=[nope]", "logger=none", f"paths.runs_dir={tmp_path / 'runs'}"], root)
     assert done.returncode != 0 and "extend.recipes lists nope" in done.stderr, done.stderr[-2000:]
     assert "Primary config module" not in done.stderr and not list(tmp_path.rglob("command.txt"))
 
@@ -615,14 +612,9 @@ def test_section_checks_pass_the_presets_and_null_grad_clip():
 def test_misspelt_schedule_fails_before_anything_is_written(tmp_path):
     """base.schedule=cosin once trained the base, then crashed inside it naming optim.schedule,
     leaving a run directory without metrics.json and a models/ folder."""
-    import subprocess
-    import sys
-
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "-m", "pipelines.extend", "experiment=context_extension/smoke", "base.schedule=cosin",
-         "logger=none", f"paths.runs_dir={tmp_path / 'runs'}"], cwd=root, capture_output=True, text=True,
-        timeout=600)
+    done = run_module("pipelines.extend", ["experiment=context_extension/smoke", "base.schedule=cosin", "logger=none",
+                                           f"paths.runs_dir={tmp_path / 'runs'}"], root)
     assert done.returncode != 0, done.stderr[-2000:]
     assert "base.schedule=cosin: choose one of" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "optim.schedule" not in done.stderr

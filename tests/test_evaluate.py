@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from pipelines.errors import PipelineConfigError
 from pipelines.evaluate import evaluate, resolve_device, run_dir_problem
 from pipelines.train import train
 from tape.data.text import TextData
+from warm_python import run_module
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,8 +77,7 @@ def tiny_llama_dir(path: Path, tape: bool = False) -> Path:
 def test_missing_run_dir_is_one_line_naming_the_key_and_creates_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     for args in ([], [f"run_dir={tmp_path / 'nope'}"]):
-        out = subprocess.run([sys.executable, "-m", "pipelines.evaluate", *args], cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=120)
+        out = run_module("pipelines.evaluate", args, tmp_path, env, timeout=120)
         assert out.returncode != 0
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and "run_dir=" in lines[0], out.stderr[-2000:]
@@ -93,8 +92,7 @@ def test_a_misspelt_key_or_device_is_named_with_the_fix_and_creates_nothing(tmp_
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     for args, message in ((["task=passkey", "task.trails=3"], "unknown key task.trails; did you mean task.trials"),
                           (["devce=cpu"], "unknown key devce; did you mean device?")):
-        out = subprocess.run([sys.executable, "-m", "pipelines.evaluate", f"run_dir={run}", *args], cwd=tmp_path,
-                             env=env, capture_output=True, text=True, timeout=120)
+        out = run_module("pipelines.evaluate", [f"run_dir={run}", *args], tmp_path, env, timeout=120)
         assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
         assert "run_dir;" not in out.stderr  # a mandatory key given on the command line is known
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]  # no eval/ directory
@@ -434,8 +432,7 @@ def test_a_sweep_evaluates_into_the_runs_eval_dir_and_a_failure_leaves_nothing(
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pipelines.evaluate", f"run_dir={run}", "logger=csv", *args],
-                              cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        return run_module("pipelines.evaluate", [f"run_dir={run}", "logger=csv", *args], cwd, env)
 
     out = cli("task.examples_per_cell=-1")
     assert out.returncode != 0 and "task.examples_per_cell=-1 must be >= 1" in out.stderr

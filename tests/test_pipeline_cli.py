@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from warm_python import run_module
+
 QUIET = ["logger=csv", "callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=false",
          "+trainer.enable_model_summary=false"]
 
@@ -17,8 +19,7 @@ QUIET = ["logger=csv", "callbacks.rich_progress_bar=null", "+trainer.enable_prog
 def run(args: list[str], root: Path) -> subprocess.CompletedProcess:
     """Run the entry point as a user would, from ``root`` (outputs go to root/runs)."""
     env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "pipelines.train", *args], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_module("pipelines.train", args, root, env)
 
 
 def runs_of(root: Path, pe: str = "rope") -> list[Path]:

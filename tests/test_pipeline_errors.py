@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from warm_python import run_module
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(args: list[str], root: Path, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     full_env = {**base, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), **env}
-    return subprocess.run([sys.executable, "-m", "pipelines.train", *args], cwd=root, env=full_env,
-                          capture_output=True, text=True, timeout=300)
+    return run_module("pipelines.train", args, root, full_env)
 
 
 def run_dirs(root: Path) -> list[Path]:

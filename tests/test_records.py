@@ -19,6 +19,7 @@ from tape.report.records import RecordConflict, export, export_all, finished_run
 from tape.report.render import render
 from tape.report.runs import find_runs
 from tests.test_report import ADD_CFG, addition_metrics, build_runs, grid_csv, make_run
+from warm_python import run_module
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -189,7 +190,8 @@ def test_a_fresh_clone_renders_results_byte_for_byte() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "clone"
         subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(clone)], check=True)
-        done = subprocess.run(make_report_command(), cwd=clone, capture_output=True, text=True)
+        module, *args = make_report_command()[2:]  # after "python -m"
+        done = run_module(module, args, clone)
         assert done.returncode == 0, done.stderr
         changed = subprocess.run(["git", "status", "--porcelain", "results"], cwd=clone,
                                  capture_output=True, text=True, check=True).stdout

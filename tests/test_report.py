@@ -27,6 +27,7 @@ from tape.report.render import WouldLoseResults, render, scales_to_render
 from tape.report.runs import find_runs, latest_finished
 from tape.report.stats import Missing, Summary, summarize
 from tape.report.tables import Table, to_csv, to_latex, to_markdown
+from warm_python import run_module
 
 UNFINISHED = "unfinished: 1 run(s) without metrics.json"
 
@@ -451,8 +452,7 @@ def test_make_report_without_records_refuses_and_changes_nothing(tmp_path: Path)
     shutil.rmtree(tmp_path / "results" / "records", ignore_errors=True)
     before = _snapshot(tmp_path / "results")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "pipelines.report"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = run_module("pipelines.report", [], tmp_path, env, timeout=120)
     assert out.returncode == 1, out.stdout + out.stderr
     assert f"no finished run at scale cpu under {tmp_path / 'results' / 'records'}" in out.stderr
     assert "--render-empty" in out.stderr and "Traceback" not in out.stderr
