@@ -26,10 +26,10 @@ install:  ## Create .venv and install tape-repro with pinned dependencies (CPU t
 # -n auto: one pytest-xdist worker a core; --dist loadfile keeps each file's fixtures in one worker
 XDIST := -n auto --dist loadfile
 
-test:  ## Run the test suite (about 12 minutes on 2 cores, one pytest-xdist worker each)
+test:  ## Run the test suite (about 10 minutes on 2 cores, one pytest-xdist worker each)
 	$(BIN)/python -m pytest -q $(XDIST)
 
-test-fast:  ## Run the tests not marked slow (about 9 minutes on 2 cores)
+test-fast:  ## Run the tests not marked slow (about 8 minutes on 2 cores)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 demo:  ## A first look in ~2 minutes on 2 idle cores: TAPE and RoPE on flip-flop, a figure and a paired table in runs/demo/report/
