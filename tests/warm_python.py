@@ -46,13 +46,13 @@ def run_module(module: str, args: Sequence[str], cwd: str | Path, env: Mapping[s
     and stderr captured as text; raises subprocess.TimeoutExpired after ``timeout`` seconds."""
     env = dict(os.environ if env is None else env)
     command = [sys.executable, "-m", module, *args]
-    context = _forkserver()
-    if os.environ.get("TAPE_TESTS_FRESH") == "1" or any(env.get(k) != _server_env.get(k) for k in READ_AT_IMPORT):
+    server_env = _server_env if _context is not None else os.environ  # the forkserver starts with os.environ
+    if os.environ.get("TAPE_TESTS_FRESH") == "1" or any(env.get(k) != server_env.get(k) for k in READ_AT_IMPORT):
         # fresh: asked for, or a setting the preloaded libraries read when they loaded
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     with tempfile.TemporaryDirectory(prefix="warm-python-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        process = context.Process(target=_run, args=(module, list(args), str(cwd), env, str(out), str(err)))
+        process = _forkserver().Process(target=_run, args=(module, list(args), str(cwd), env, str(out), str(err)))
         process.start()
         process.join(timeout)
         timed_out = process.exitcode is None
