@@ -3,6 +3,7 @@ directory's modules first, the caller's environment, the exit status, the output
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,6 @@ def probe_dir(tmp_path: Path) -> Path:
 
 
 def test_a_command_sees_its_arguments_directory_environment_and_its_own_modules(probe_dir: Path) -> None:
-    import os
-
     done = run_module("probe", ["a", "b"], probe_dir, {**os.environ, "PROBE_VALUE": "42"})
     assert done.returncode == 0, done.stderr
     cwd, value, package, torch_loaded = done.stdout.split()[-4:]
@@ -61,7 +60,5 @@ def test_a_command_past_its_timeout_is_killed(probe_dir: Path) -> None:
 
 
 def test_a_setting_the_libraries_read_at_import_runs_fresh(probe_dir: Path) -> None:
-    import os
-
     done = run_module("probe", [], probe_dir, {**os.environ, "OMP_NUM_THREADS": "7"})
     assert done.returncode == 0 and done.stdout.split()[-1] == "False"  # a fresh interpreter
