@@ -40,7 +40,7 @@ from pipelines.plan import Step, bench_dir, load_profile, plan, profiles
 from pipelines.presets import is_preset_run, preset_setting
 from pipelines.result_files import keep_earlier
 from pipelines.run_dirs import live_owner
-from tape.report.claims import lookup
+from tape.report.claims import has_values
 from tape.report.render import WouldLoseResults, render
 from tape.report.records import RecordConflict, export_all, finished_runs
 from tape.report.runs import Run
@@ -113,7 +113,7 @@ def _steps_run(step: Step, run: Run) -> bool:
     """Whether ``run`` is one of the step's: its PE, a claim arm's values (only runs of the arm's
     command count: the report pools no other) and the setting its command composes (a table's:
     the preset's, which the table prefers)."""
-    return (run.pe in step.pes and all(lookup(run.config(), k) == v for k, v in step.match.items())
+    return (run.pe in step.pes and has_values(run.pe, run.config(), step.match)
             and _steps_setting(step, run))
 
 

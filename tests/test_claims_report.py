@@ -467,3 +467,18 @@ def test_the_flipflop_figure_gives_every_arm_its_own_colour(tmp_path: Path, monk
         assert len(colours) == 12 and len(set(colours)) == 12, ax.get_title()
     legend = panels[-1].get_legend()
     assert legend is not None and legend.get_bbox_to_anchor().x0 > panels[-1].bbox.x1  # beside, not on, the data
+
+
+def test_an_arm_reads_an_option_added_since_a_record_as_its_former_value() -> None:
+    """A TAPE record older than tape_equivariant / tape_tensorial counts as TAPE (they were on),
+    and an ablation run, which sets one off, never stands for TAPE's arm."""
+    from types import SimpleNamespace
+
+    arms = load_claims().arms
+    old = SimpleNamespace(pe="tape", config=lambda: config("pretrain", TAPE_PE))
+    ablated = SimpleNamespace(pe="tape", config=lambda: config(
+        "pretrain", {**TAPE_PE, "tape_equivariant": False, "tape_tensorial": True}))
+    require = {"paired_init": True}
+    assert arms["tape"].matches(old, require) and not arms["tape"].matches(ablated, require)
+    assert arms["tape_no_eq"].matches(ablated, require) and not arms["tape_no_eq"].matches(old, require)
+    assert not arms["tape_vector"].matches(ablated, require)

@@ -82,3 +82,17 @@ def test_the_one_attention_update_of_two_layers_is_the_whole_movement():
     assert out["e_move_last"] == out["e_move_layer1"] > 1e-6
     assert out["e_update_mlp_mean"] == 0.0
     assert out["e_update_attn_mean"] == pytest.approx(out["e_move_layer1"], rel=1e-9)
+
+
+@pytest.mark.parametrize("switches", [dict(tape_equivariant=False), dict(tape_tensorial=False)],
+                         ids=["no-eq", "vector"])
+def test_table6_ablations_report_both_shares_of_their_e_update(switches):
+    """An ablated layer measures its attention and MLP updates apart, as TAPE's does."""
+    model = _model(**switches)
+    with torch.no_grad():
+        for layer in model.modules():
+            if isinstance(layer, TAPELayer) and layer.x_proj is not None:
+                layer.post_attn.weight.normal_(0, 0.5)
+                layer.w1.weight.normal_(0, 0.5)
+    out = e_movement(model, _ids())
+    assert out["e_update_attn_mean"] > 0.0 and out["e_update_mlp_mean"] > 0.0

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from tape.pe import register
 from tape.pe.base import LayerPE, PositionalEncoding, PositionState, RotaryOptions
 from tape.pe.rope import rope_table, rotate_grouped
+from tape.pe.tape_ablations import Layout, feature_mlp, feature_post_map
 
 if TYPE_CHECKING:
     from tape.model.config import ModelConfig
@@ -57,6 +58,12 @@ class TAPEOptions(RotaryOptions):
     """Update E with the attention weights (A·E). Off = the 'FF only' ablation."""
     tape_mlp_update: bool = True
     """Update E with the token-gated PE-MLP. Off = the 'attention only' ablation."""
+    tape_equivariant: bool = True
+    """The E maps use one coefficient per (c, s) pair. Off = Table 6's 'rotation equivariance'
+    ablation (tape.pe.tape_ablations)."""
+    tape_tensorial: bool = True
+    """The E maps act over E's head axis. Off = Table 6's 'tensorial embedding' ablation: over
+    each head's own features, with maps the heads share (tape.pe.tape_ablations)."""
     tape_fused: bool | Literal["two_calls", "concat", "padded"] | None = None
     """How A·V and A·E are computed. True: one QKᵀ (the Triton kernel on CUDA; one SDPA call with
     [V | E] as values otherwise). False or two_calls: two calls of equal width. concat / padded:
@@ -71,7 +78,18 @@ class TAPEOptions(RotaryOptions):
         problems = super().problems(cfg)  # the choices of the Literal options: tape.pe checks types
         if self.tape_position_size is not None and self.tape_position_size <= 0:
             problems.append(f"tape_position_size={self.tape_position_size} must be positive")
+        if not self.tape_tensorial and cfg.kv_heads != cfg.n_heads:
+            problems.append(f"tape_tensorial=false maps each head's own E, so it needs one E per query "
+                            f"head: set model.n_kv_heads=null (it is {cfg.kv_heads} for {cfg.n_heads} heads)")
+        if not self.tape_tensorial and self.tape_post_attn == "rowsum":
+            problems.append("tape_post_attn=rowsum is a map over heads, which tape_tensorial=false has "
+                            "not: set tape_post_attn=mix")
         return problems
+
+    @property
+    def layout(self) -> Layout:
+        """The two switches of Table 6's lower half."""
+        return Layout(equivariant=self.tape_equivariant, tensorial=self.tape_tensorial)
 
 
 class _UpdateE(torch.autograd.Function):
@@ -185,6 +203,9 @@ def _mix_matrix(gate: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
     return torch.matmul(w2 * gate[..., None, :], w1)
 
 
+_TAPE_LAYOUT = Layout(equivariant=True, tensorial=True)
+
+
 class TAPELayer(LayerPE):
     """TAPE's per-layer maps. Parameter names: post_attn (the map after A·E), x_proj (gate W_x,
     C -> I), w1 (heads -> I), w2 (I -> heads).
@@ -200,17 +221,23 @@ class TAPELayer(LayerPE):
         self.groups = heads // e_heads
         self.post_mode = opts.tape_post_attn
         self.zero_init = opts.tape_zero_init
+        self.layout = opts.layout
         self.post_attn: nn.Linear | None = None
         if opts.tape_attn_update and updates_e:
-            # mix: (He x H) maps the H query-head aggregates onto the He E heads.
-            # rowsum: (H x H) of which only the row sums act (the official einsum).
-            out_features = e_heads if self.post_mode == "mix" else heads
-            self.post_attn = nn.Linear(heads, out_features, bias=False)
+            if self.layout.tensorial:
+                # mix: (He x H) maps the H query-head aggregates onto the He E heads.
+                # rowsum: (H x H) of which only the row sums act (the official einsum).
+                out_features = e_heads if self.post_mode == "mix" else heads
+                self.post_attn = nn.Linear(heads, out_features, bias=False)
+            else:  # over each head's features (d/2 or d), shared by the heads
+                features = self.layout.post_width(cfg.head_dim)
+                self.post_attn = nn.Linear(features, features, bias=False)
         self.x_proj: nn.Linear | None = None
         if opts.tape_mlp_update and updates_e:
+            features = self.layout.mlp_width(e_heads, cfg.head_dim)  # He for TAPE
             self.x_proj = nn.Linear(cfg.d_model, width, bias=False)
-            self.w1 = nn.Linear(e_heads, width, bias=False)
-            self.w2 = nn.Linear(width, e_heads, bias=False)
+            self.w1 = nn.Linear(features, width, bias=False)
+            self.w2 = nn.Linear(width, features, bias=False)
 
     # ---------------------------------------------------------------- hooks
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
@@ -238,8 +265,28 @@ class TAPELayer(LayerPE):
         if self.x_proj is not None:
             gate = F.silu(self.x_proj(mlp_out))  # (B, N, I): per (token, channel i), shared over d
             w1, w2 = self.w1.weight, self.w2.weight
+        if self.layout != _TAPE_LAYOUT:
+            return replace(state, rot=self._ablated_update(state.rot, ae, gate), pending=None)
         rot = _UpdateE.apply(state.rot, ae, None if ae is None else self.head_map(), gate, w1, w2)
         return replace(state, rot=rot, pending=None)  # (B, He, N, d)
+
+    def _ablated_update(self, e: Tensor, ae: Tensor | None, gate: Tensor | None) -> Tensor:
+        """Table 6's ablations: E + post(A·E), then + the PE-MLP's increment, in E's dtype with
+        autocast off (tape.pe.tape_ablations); e (B, He, N, d) -> (B, He, N, d)."""
+        with _no_autocast(e):
+            u = self._ablated_attention_update(e, ae)
+            if gate is None:
+                return u
+            return u + feature_mlp(u, gate.to(e.dtype), self.w1.weight.to(e.dtype),
+                                   self.w2.weight.to(e.dtype), self.layout)
+
+    def _ablated_attention_update(self, e: Tensor, ae: Tensor | None) -> Tensor:
+        """E + post(A·E) for the ablations: over heads (tensorial) or each head's features."""
+        if ae is None:
+            return e
+        if self.layout.tensorial:
+            return _attention_update(e, ae, self.head_map())
+        return e + feature_post_map(ae.to(e.dtype), self.post_attn.weight.to(e.dtype), self.layout)
 
     def head_map(self) -> Tensor:
         """P (He x H), the map of the H query-head aggregates A·E onto the He E heads. rowsum:
@@ -255,6 +302,9 @@ class TAPELayer(LayerPE):
     def attention_updated(self, state: PositionState) -> Tensor:
         """E + P·AE: E between the attention update and the token mix (for measurements)."""
         ae = state.pending
+        if self.layout != _TAPE_LAYOUT:
+            with _no_autocast(state.rot):
+                return self._ablated_attention_update(state.rot, ae)
         return _attention_update(state.rot, ae, None if ae is None else self.head_map())
 
     def init_weights(self, std: float) -> None:
@@ -269,7 +319,8 @@ class TAPELayer(LayerPE):
 @register("tape")
 class TAPE(PositionalEncoding):
     """Options (``TAPEOptions``): tape_position_size, tape_post_attn, tape_zero_init,
-    tape_attn_update, tape_mlp_update, tape_fused; rope_theta and rope_scaling for E at layer 0."""
+    tape_attn_update, tape_mlp_update, tape_equivariant, tape_tensorial, tape_fused; rope_theta
+    and rope_scaling for E at layer 0."""
 
     display = "TAPE"
     Options = TAPEOptions

@@ -49,10 +49,7 @@ class Arm:
         return self.label or display(self.pe)
 
     def matches(self, run: Run, require: Mapping[str, Any]) -> bool:
-        if run.pe != self.pe:
-            return False
-        config = run.config()
-        return all(lookup(config, key) == value for key, value in {**require, **self.match}.items())
+        return run.pe == self.pe and has_values(run.pe, run.config(), {**require, **self.match})
 
 
 Pair = tuple[str, str]
@@ -141,15 +138,30 @@ class ClaimsConfig:
 
 _MISSING = object()
 
+ADDED_OPTIONS: Mapping[str, Mapping[str, Any]] = {
+    "tape": {"pe.tape_equivariant": True, "pe.tape_tensorial": True},
+}
+"""Per PE, options added after runs were recorded, with the value those runs had in effect (the
+behaviour before the option existed): a record without the key has it, and a comparison arm or
+plan step that does not name the key asks for it (so an ablation run never stands for TAPE)."""
 
-def lookup(config: Mapping[str, Any], dotted: str) -> Any:
-    """``config['a']['b']`` for ``'a.b'``; a sentinel that equals nothing when absent."""
+
+def lookup(config: Mapping[str, Any], dotted: str, default: Any = _MISSING) -> Any:
+    """``config['a']['b']`` for ``'a.b'``; ``default`` (a sentinel that equals nothing) when absent."""
     node: Any = config
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
+            return default
         node = node[part]
     return node
+
+
+def has_values(pe: str, config: Mapping[str, Any], values: Mapping[str, Any]) -> bool:
+    """Whether a run of ``pe`` with resolved ``config`` has every dotted value of ``values`` and,
+    for the options ``ADDED_OPTIONS`` lists that ``values`` does not name, their former value."""
+    added = ADDED_OPTIONS.get(pe, {})
+    return all(lookup(config, key, added.get(key, _MISSING)) == value
+               for key, value in {**added, **values}.items())
 
 
 def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
