@@ -135,6 +135,13 @@ def heldout_tokens(t: DictConfig) -> np.ndarray:
     return _stream_heldout(t, partial(tok.encode, add_special_tokens=False), tok.bos_token_id)
 
 
+def bos_token(t: DictConfig) -> int | None:
+    """The [BOS] id that starts every document of the run's text (books BPE or task.tokenizer_path)."""
+    if t.corpus == "books":
+        return _books(t).tokenizer().bos_id
+    return hf_tokenizer(t).bos_token_id
+
+
 def trained_tokenizer(t: DictConfig) -> str:
     """The tokenizer of a run with text settings ``t``: the books BPE or task.tokenizer_path."""
     from pipelines.run_source import run_books
@@ -214,6 +221,7 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
         rows.append({"multiplier": int(mult), "length": length, **out})
     write_csv(rows, list(rows[0]), out_dir / "perplexity.csv")
     metrics.update(_e_movement(model, tokens, int(task_cfg.seq_len)))
+    metrics.update(_shift_robustness(model, tokens, int(task_cfg.seq_len), bos_token(task_cfg)))
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
 
@@ -231,6 +239,24 @@ def _e_movement(model: Any, tokens: Any, seq_len: int, blocks: int = 8) -> dict[
         return {}
     ids = torch.as_tensor(data[: n * seq_len].reshape(n, seq_len)).to(next(model.parameters()).device)
     return e_movement(model, ids)
+
+
+def _shift_robustness(model: Any, tokens: Any, seq_len: int, bos_id: int | None,
+                      blocks: int = 8) -> dict[str, float]:
+    """Table 8's measurements on ``blocks`` held-out blocks of the training length: how far each
+    layer's attention and positional dot products move with three [BOS] tokens prepended or the
+    position ids started at 3 (tape/metrics/shift_robustness.py). Our decoder only."""
+    import torch
+
+    from tape.metrics.shift_robustness import shift_robustness
+    from tape.model import DecoderLM
+
+    data = np.asarray(tokens, dtype=np.int64)
+    n = min(blocks, len(data) // seq_len)
+    if n == 0 or bos_id is None or not isinstance(model, DecoderLM):
+        return {}
+    ids = torch.as_tensor(data[: n * seq_len].reshape(n, seq_len)).to(next(model.parameters()).device)
+    return shift_robustness(model, ids, bos_id)
 
 
 @register("pretrain")

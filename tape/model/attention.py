@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Iterator, Literal, Union
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +117,21 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+_WEIGHT_SINKS: list[list[Tensor]] = []
+
+
+@contextlib.contextmanager
+def recorded_weights() -> Iterator[list[Tensor]]:
+    """Inside, every ``eager`` call appends its attention weights (B, H, Nq, Nk), detached, to the
+    list this yields (measurements: tape.metrics.shift_robustness)."""
+    sink: list[Tensor] = []
+    _WEIGHT_SINKS.append(sink)
+    try:
+        yield sink
+    finally:
+        _WEIGHT_SINKS.remove(sink)
+
+
 def _eager(q, k, values, mask, bias, is_causal, scale):
     groups = q.shape[1] // k.shape[1]
     k = _repeat_kv(k, groups)
@@ -130,6 +145,8 @@ def _eager(q, k, values, mask, bias, is_causal, scale):
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(dim=-1).to(q.dtype)
+    for sink in _WEIGHT_SINKS:
+        sink.append(probs.detach())
     return [torch.matmul(probs, _repeat_kv(v, groups)) for v in values]
 
 
