@@ -482,3 +482,23 @@ def test_an_arm_reads_an_option_added_since_a_record_as_its_former_value() -> No
     assert arms["tape"].matches(old, require) and not arms["tape"].matches(ablated, require)
     assert arms["tape_no_eq"].matches(ablated, require) and not arms["tape_no_eq"].matches(old, require)
     assert not arms["tape_vector"].matches(ablated, require)
+
+
+def test_a_record_older_than_an_option_pools_with_its_former_value_only(tmp_path: Path) -> None:
+    """Old TAPE records (no tape_equivariant key) pool with new TAPE runs as seeds, and stay
+    apart from the ablation, whose runs are newer and share every key the old records have."""
+    from tape.report.groups import group_by
+    from tape.report.runs import find_runs
+
+    runs = tmp_path / "runs"
+    for seed in (0, 1):
+        make_run(runs, "pretrain/cpu", "tape", seed, f"20261120-10000{seed}-aaaaaa-{seed}",
+                 {"task": "pretrain", "ppl_1x": 90.0}, config("pretrain", TAPE_PE))
+        make_run(runs, "pretrain/cpu", "tape", seed, f"20261206-10000{seed}-bbbbbb-{seed}",
+                 {"task": "pretrain", "ppl_1x": 95.0}, config("pretrain", {**TAPE_PE, "tape_equivariant": False}))
+    make_run(runs, "pretrain/cpu", "tape", 2, "20261205-200000-cccccc-2", {"task": "pretrain", "ppl_1x": 91.0},
+             config("pretrain", {**TAPE_PE, "tape_equivariant": True, "tape_tensorial": True}))
+    groups = group_by(find_runs(runs), lambda r: r.pe)
+    assert groups["tape"].seeds == [0, 1, 2] and {r.metrics["ppl_1x"] for r in groups["tape"].finished} == {90.0, 91.0}
+    apart = [g for name, g in groups.items() if name != "tape"]
+    assert len(apart) == 1 and apart[0].seeds == [0, 1] and "tape_equivariant=False" in apart[0].differs

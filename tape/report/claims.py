@@ -29,7 +29,7 @@ from tape.report.paired import (DESCRIBED, MIN_VERDICT_PAIRS, Comparison, Metric
 from tape.report.paper import display
 from tape.report.provenance import provenance_brief, provenance_line
 from tape.report.runs import Run
-from tape.report.settings import NOT_SETTINGS, describe, differences
+from tape.report.settings import ADDED_OPTIONS, NOT_SETTINGS, describe, differences
 from tape.report.tables import Table, to_markdown
 
 CLAIMS_FILE = Path(__file__).resolve().parents[2] / "conf" / "claims.yaml"
@@ -137,13 +137,6 @@ class ClaimsConfig:
 
 
 _MISSING = object()
-
-ADDED_OPTIONS: Mapping[str, Mapping[str, Any]] = {
-    "tape": {"pe.tape_equivariant": True, "pe.tape_tensorial": True},
-}
-"""Per PE, options added after runs were recorded, with the value those runs had in effect (the
-behaviour before the option existed): a record without the key has it, and a comparison arm or
-plan step that does not name the key asks for it (so an ablation run never stands for TAPE)."""
 
 
 def lookup(config: Mapping[str, Any], dotted: str, default: Any = _MISSING) -> Any:

@@ -24,6 +24,14 @@ NOT_SETTINGS: tuple[str, ...] = (
 )
 MAX_SHOWN = 3  # differing keys named in a label; the rest are counted
 
+ADDED_OPTIONS: Mapping[str, Mapping[str, Any]] = {
+    "tape": {"pe.tape_equivariant": True, "pe.tape_tensorial": True},
+}
+"""Per PE (``pe.name``), options added after runs were recorded, with the value those runs had in
+effect (the behaviour before the option existed). A config without the key has that value: its
+run pools with runs that set it so, never with runs that set it otherwise (an ablation), and a
+comparison arm or plan step that does not name the key asks for it."""
+
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"trainer": {"max_steps": 6}} -> {"trainer.max_steps": 6}; lists stay values."""
@@ -42,9 +50,13 @@ def _ignored(key: str, ignore: Iterable[str]) -> bool:
 
 
 def setting_values(config: Mapping[str, Any], ignore: Iterable[str] = NOT_SETTINGS) -> dict[str, Any]:
-    """The flattened config without the keys in ``ignore``."""
+    """The flattened config without the keys in ``ignore``, with the ``ADDED_OPTIONS`` its PE
+    lacks at their former values."""
     ignore = tuple(ignore)
-    return {k: v for k, v in flatten(config).items() if not _ignored(k, ignore)}
+    pe = config.get("pe")
+    added = ADDED_OPTIONS.get(pe.get("name") if isinstance(pe, Mapping) else pe, {})
+    flat = {**added, **flatten(config)}
+    return {k: v for k, v in flat.items() if not _ignored(k, ignore)}
 
 
 def differences(config: Mapping[str, Any], reference: Mapping[str, Any],
