@@ -12,9 +12,9 @@ import re
 
 from tape.report.document import Context, Section
 from tape.report.groups import Group, group_by, metric, of_scale, ordered, setting_notes
-from tape.report.runs import Run
 from tape.report.paper import PRETRAIN_PES, display
 from tape.report.provenance import section_provenance
+from tape.report.runs import Run
 from tape.report.tables import Table
 
 PPL_KEY = re.compile(r"^ppl_(\d+)x$")
