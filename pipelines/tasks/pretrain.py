@@ -220,42 +220,42 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
         metrics[f"ppl_{mult}x"] = out["perplexity"]
         rows.append({"multiplier": int(mult), "length": length, **out})
     write_csv(rows, list(rows[0]), out_dir / "perplexity.csv")
-    metrics.update(_e_movement(model, tokens, int(task_cfg.seq_len)))
-    metrics.update(_shift_robustness(model, tokens, int(task_cfg.seq_len), bos_token(task_cfg)))
+    ids = _heldout_blocks(model, tokens, int(task_cfg.seq_len))
+    metrics.update(_e_movement(model, ids))
+    metrics.update(_shift_robustness(model, ids, bos_token(task_cfg)))
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
 
 
-def _e_movement(model: Any, tokens: Any, seq_len: int, blocks: int = 8) -> dict[str, float]:
-    """TAPE only: how far E moved from its RoPE table per layer on ``blocks`` held-out blocks of
-    the training length (tape/metrics/e_movement.py; claim C2 reports it)."""
+def _heldout_blocks(model: Any, tokens: Any, seq_len: int, blocks: int = 8) -> Any:
+    """The first ``blocks`` held-out blocks of the training length as ids (B, seq_len) on the
+    model's device, for the per-layer measurements; None without a block or a torch model."""
     import torch
-
-    from tape.metrics.e_movement import e_movement
 
     data = np.asarray(tokens, dtype=np.int64)
     n = min(blocks, len(data) // seq_len)
     if n == 0 or not hasattr(model, "parameters"):
-        return {}
-    ids = torch.as_tensor(data[: n * seq_len].reshape(n, seq_len)).to(next(model.parameters()).device)
-    return e_movement(model, ids)
+        return None
+    return torch.as_tensor(data[: n * seq_len].reshape(n, seq_len)).to(next(model.parameters()).device)
 
 
-def _shift_robustness(model: Any, tokens: Any, seq_len: int, bos_id: int | None,
-                      blocks: int = 8) -> dict[str, float]:
-    """Table 8's measurements on ``blocks`` held-out blocks of the training length: how far each
-    layer's attention and positional dot products move with three [BOS] tokens prepended or the
-    position ids started at 3 (tape/metrics/shift_robustness.py). Our decoder only."""
-    import torch
+def _e_movement(model: Any, ids: Any) -> dict[str, float]:
+    """TAPE only: how far E moved from its RoPE table per layer on held-out blocks ``ids``
+    (tape/metrics/e_movement.py; claim C2 reports it)."""
+    from tape.metrics.e_movement import e_movement
 
+    return {} if ids is None else e_movement(model, ids)
+
+
+def _shift_robustness(model: Any, ids: Any, bos_id: int | None) -> dict[str, float]:
+    """Table 8's measurements on held-out blocks ``ids``: how far each layer's attention and
+    positional dot products move with three [BOS] tokens prepended or the position ids started
+    at 3 (tape/metrics/shift_robustness.py). Our decoder only."""
     from tape.metrics.shift_robustness import shift_robustness
     from tape.model import DecoderLM
 
-    data = np.asarray(tokens, dtype=np.int64)
-    n = min(blocks, len(data) // seq_len)
-    if n == 0 or bos_id is None or not isinstance(model, DecoderLM):
+    if ids is None or bos_id is None or not isinstance(model, DecoderLM):
         return {}
-    ids = torch.as_tensor(data[: n * seq_len].reshape(n, seq_len)).to(next(model.parameters()).device)
     return shift_robustness(model, ids, bos_id)
 
 
