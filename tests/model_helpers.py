@@ -70,3 +70,10 @@ def tiny_model(pe: str, dtype: torch.dtype = torch.float32, seed: int = 0, rando
     if random_pe:
         randomize(model, seed)
     return model.to(dtype).eval()
+
+
+def phase_rotate(e: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+    """Multiply every z_b = c_b + i s_b by exp(i phase_b)."""
+    c, s = e.chunk(2, dim=-1)
+    cp, sp = phase.cos(), phase.sin()
+    return torch.cat([c * cp - s * sp, c * sp + s * cp], dim=-1)

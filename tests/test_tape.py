@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_helpers import randomize, tiny_config, tiny_model, triton_interpreter_problem
+from model_helpers import phase_rotate, randomize, tiny_config, tiny_model, triton_interpreter_problem
 from tape.model import DecoderLM
 from tape.pe.base import PositionState
 from tape.pe.tape import _head_map, _head_map_grad, _token_major, _UpdateE
@@ -79,13 +79,6 @@ def _middle_block(kv, post, dtype=torch.float64, seed=0):
     return model, model.layers[0]  # layer 0 updates E (the last layer does not)
 
 
-def _phase_rotate(e: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
-    """Multiply every z_b = c_b + i s_b by exp(i phase_b)."""
-    c, s = e.chunk(2, dim=-1)
-    cp, sp = phase.cos(), phase.sin()
-    return torch.cat([c * cp - s * sp, c * sp + s * cp], dim=-1)
-
-
 @FAST
 @given(kv=st.sampled_from([None, 2, 1]), post=st.sampled_from(["mix", "rowsum"]), n=st.integers(1, 12),
        seed=st.integers(0, 2**16))
@@ -98,9 +91,9 @@ def test_layer_equivariant_to_common_phase_rotation(kv, post, n, seed):
     phase = torch.rand(d // 2, generator=gen, dtype=torch.float64) * 2 * math.pi
     pos = torch.arange(n).expand(2, n)
     x1, s1 = block(x, PositionState(pos, pos, rot=e), None, None, 0)
-    x2, s2 = block(x, PositionState(pos, pos, rot=_phase_rotate(e, phase)), None, None, 0)
+    x2, s2 = block(x, PositionState(pos, pos, rot=phase_rotate(e, phase)), None, None, 0)
     assert torch.allclose(x1, x2, atol=1e-10, rtol=0)
-    assert torch.allclose(_phase_rotate(s1.rot, phase), s2.rot, atol=1e-10, rtol=0)
+    assert torch.allclose(phase_rotate(s1.rot, phase), s2.rot, atol=1e-10, rtol=0)
     assert (s1.rot - e).abs().max() > 1e-4  # the layer did update E
 
 

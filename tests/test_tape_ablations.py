@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from model_helpers import randomize, tiny_config, tiny_model
+from model_helpers import phase_rotate, randomize, tiny_config, tiny_model
 from tape.errors import ConfigError
 from tape.model import DecoderLM
 from tape.pe.base import PositionState
@@ -14,12 +14,6 @@ from tape.pe.base import PositionState
 ABLATIONS = [dict(tape_equivariant=False), dict(tape_tensorial=False),
              dict(tape_equivariant=False, tape_tensorial=False)]
 IDS = ["no-eq", "vector", "vector-no-eq"]
-
-
-def _phase_rotate(e: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
-    """Multiply every z_b = c_b + i s_b of E (..., d) by exp(i phase_b)."""
-    c, s = e.chunk(2, dim=-1)
-    return torch.cat([c * phase.cos() - s * phase.sin(), c * phase.sin() + s * phase.cos()], dim=-1)
 
 
 def _layer_commutes(switches: dict, phase_of_block, seed: int = 0) -> bool:
@@ -32,10 +26,10 @@ def _layer_commutes(switches: dict, phase_of_block, seed: int = 0) -> bool:
     phase = phase_of_block(d // 2, gen)
     pos = torch.arange(n).expand(2, n)
     x1, s1 = model.layers[0](x, PositionState(pos, pos, rot=e), None, None, 0)
-    x2, s2 = model.layers[0](x, PositionState(pos, pos, rot=_phase_rotate(e, phase)), None, None, 0)
+    x2, s2 = model.layers[0](x, PositionState(pos, pos, rot=phase_rotate(e, phase)), None, None, 0)
     assert (s1.rot - e).abs().max() > 1e-3  # the layer did update E
     return torch.allclose(x1, x2, atol=1e-10, rtol=0) and torch.allclose(
-        _phase_rotate(s1.rot, phase), s2.rot, atol=1e-10, rtol=0)
+        phase_rotate(s1.rot, phase), s2.rot, atol=1e-10, rtol=0)
 
 
 def _common(blocks: int, gen: torch.Generator) -> torch.Tensor:
