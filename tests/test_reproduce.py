@@ -354,8 +354,8 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     assert by_name["C1-nope_abacus"].seeds == tuple(range(8)) and by_name["C1-nope_abacus"].tier == 1
     assert "model.abacus=true" in by_name["C1+C1b-rope_abacus"].overrides
     assert "model.abacus=false" in by_name["C1-rope_plain"].overrides
-    shared = by_name["C2+C2e+C4-tape"]  # one arm, three claims (8, 8 and 6 seeds): run once, at 8
-    assert shared.experiment == "pretrain/cpu" and shared.seeds == tuple(range(8))
+    shared = by_name["C2+C2e+C2f+C4-tape"]  # one arm, four claims (seeds 0-7, 0-7, 10-17, 0-5): each seed once
+    assert shared.experiment == "pretrain/cpu" and shared.seeds == (*range(8), *range(10, 18))
     assert by_name["C4-tape_rowsum"].match["pe.tape_post_attn"] == "rowsum"
     assert by_name["C4-tape_rowsum"].seeds == tuple(range(6))
     compute = by_name["C2-rope_pretrain_compute"]  # only described: describe_seeds
@@ -459,7 +459,7 @@ def test_a_table_step_skips_the_runs_a_claim_arm_finished_earlier_in_the_call(tm
     seed-0 runs the C2 arms had just finished, when --jobs found every wave's runs up front."""
     runs = tmp_path / "runs"
     steps = [s for s in plan("cpu-full", runs_dir=runs, scrolls_data=None)
-             if s.name in ("C2+C2e+C4-tape", "C2-rope", "C2-alibi", "pretrain")]
+             if s.name in ("C2+C2e+C2f+C4-tape", "C2-rope", "C2-alibi", "pretrain")]
     runner = FakeRunner(runs, tmp_path / "results")
     execute(steps, runs, runner, log=lambda _: None, jobs=jobs)
     table = [c for c in runner.calls if "trainer.max_steps" not in c]  # the table step's commands
