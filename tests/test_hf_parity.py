@@ -1,6 +1,6 @@
 """Oracle test: our RoPE decoder equals transformers' LlamaForCausalLM with the same weights
-(tiny random configs, no download), including grouped-query attention and linear
-position interpolation."""
+(tiny random configs, no download), including grouped-query attention, linear
+position interpolation and YaRN."""
 
 import pytest
 import torch
@@ -15,6 +15,9 @@ def _to_hf(model: DecoderLM):
     rope = {"rope_type": "default", "rope_theta": opts.rope_theta}
     if opts.rope_scaling != 1.0:
         rope = {"rope_type": "linear", "rope_theta": opts.rope_theta, "factor": opts.rope_scaling}
+    if opts.rope_yarn_factor != 1.0:
+        rope = {"rope_type": "yarn", "rope_theta": opts.rope_theta, "factor": opts.rope_yarn_factor,
+                "original_max_position_embeddings": opts.rope_yarn_original_length}
     hf_cfg = LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
@@ -37,11 +40,15 @@ def _to_hf(model: DecoderLM):
     return hf
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_heads=2, pe_options=dict(rope_scaling=2.0, rope_theta=500.0))],
-                         ids=["mha", "gqa-pi"])
+YARN = dict(rope_yarn_factor=4.0, rope_yarn_original_length=256, rope_theta=500.0)
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_heads=2, pe_options=dict(rope_scaling=2.0, rope_theta=500.0)),
+                                       dict(pe_options=YARN), dict(n_heads=2, pe_options={**YARN, "rope_theta": 10000.0})],
+                         ids=["mha", "gqa-pi", "yarn", "yarn-d32"])
 def test_rope_decoder_equals_hf_llama(overrides):
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=50, n_layers=2, d_model=64, n_heads=4, d_ff=96, pe="rope", **overrides)
+    cfg = ModelConfig(**{**dict(vocab_size=50, n_layers=2, d_model=64, n_heads=4, d_ff=96, pe="rope"), **overrides})
     model = DecoderLM(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

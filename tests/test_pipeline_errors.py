@@ -153,6 +153,7 @@ def test_a_value_of_the_wrong_type_is_named_not_a_traceback(override: str, tmp_p
 @pytest.mark.parametrize("override, message", [
     ("pe.rope_theta=abc", "rope_theta='abc' (str) is not one of: float (pe='tape')"),
     ("pe.rope_theta=-5", "rope_theta=-5 must be > 0"),
+    ("pe.rope_yarn_factor=2", "rope_yarn_factor=2 needs rope_yarn_original_length"),
 ])
 def test_an_encoding_option_of_the_wrong_type_or_range_is_refused_before_any_folder(
         override: str, message: str, tmp_path: Path) -> None:

@@ -27,8 +27,9 @@ FAST = settings(max_examples=12, deadline=None)
         dict(tape_zero_init="w2"),
         dict(tape_post_attn="rowsum", n_layers=3),
         dict(rope_theta=500.0, rope_scaling=2.0),
+        dict(rope_yarn_factor=2.0, rope_yarn_original_length=12),
     ],
-    ids=["mha", "gqa", "mqa", "zero-w2", "rowsum", "theta-pi"],
+    ids=["mha", "gqa", "mqa", "zero-w2", "rowsum", "theta-pi", "yarn"],
 )
 def test_tape_at_init_equals_rope(overrides):
     torch.manual_seed(0)

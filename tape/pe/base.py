@@ -136,6 +136,19 @@ class RotaryOptions(PEOptions):
     rope_theta: float = 10000.0
     rope_scaling: float = 1.0
     """Linear position interpolation: positions are divided by this factor (1 = none)."""
+    rope_yarn_factor: float = 1.0
+    """YaRN's context extension factor s (1 = off): frequencies and table magnitude as
+    ``tape.pe.rope.yarn_frequencies`` / ``yarn_magnitude``."""
+    rope_yarn_original_length: int | None = None
+    """The length (tokens) the model trains at, over which YaRN counts each frequency's turns;
+    required when rope_yarn_factor > 1."""
+
+    def yarn(self) -> Yarn | None:
+        """The YaRN setting, or None when off."""
+        if self.rope_yarn_factor == 1.0:
+            return None
+        assert self.rope_yarn_original_length is not None  # problems() refused it
+        return Yarn(self.rope_yarn_factor, self.rope_yarn_original_length)
 
     def problems(self, cfg: "ModelConfig") -> list[str]:
         out = []
@@ -143,7 +156,31 @@ class RotaryOptions(PEOptions):
             out.append(f"rope_theta={self.rope_theta} must be > 0 (the rotary base; the paper's 10000)")
         if self.rope_scaling <= 0:
             out.append(f"rope_scaling={self.rope_scaling} must be > 0 (1 = no interpolation)")
+        if self.rope_yarn_factor < 1:
+            out.append(f"rope_yarn_factor={self.rope_yarn_factor} must be >= 1 (1 = no YaRN; 2 = twice "
+                       "the training length)")
+        elif self.rope_yarn_factor > 1:
+            if self.rope_scaling != 1:
+                out.append(f"rope_yarn_factor={self.rope_yarn_factor} and rope_scaling={self.rope_scaling}: "
+                           "YaRN replaces linear interpolation; set rope_scaling=1")
+            if self.rope_yarn_original_length is None:
+                out.append(f"rope_yarn_factor={self.rope_yarn_factor} needs rope_yarn_original_length: the "
+                           "training length in tokens (e.g. pe.rope_yarn_original_length=1024)")
+        if self.rope_yarn_original_length is not None and self.rope_yarn_original_length <= 0:
+            out.append(f"rope_yarn_original_length={self.rope_yarn_original_length} must be a positive "
+                       "number of tokens")
         return out
+
+
+class Yarn(NamedTuple):
+    """YaRN (Peng et al. 2023): each frequency is interpolated by ``factor``, kept, or ramped
+    between, by how often it turns within ``original_length`` tokens (more than ``beta_fast``
+    turns: kept; fewer than ``beta_slow``: interpolated)."""
+
+    factor: float
+    original_length: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
 
 
 class PositionLimit(NamedTuple):

@@ -65,7 +65,8 @@ class RandPE(PositionalEncoding):
         if self.training and query_pos.shape == key_pos.shape:
             b, n = query_pos.shape
             query_pos = key_pos = sorted_random_positions(b, n, opts.max_position(cfg), query_pos.device)
-        rot = rope_table(query_pos, cfg.head_dim, opts.rope_theta, opts.rope_scaling, dtype)
+        rot = rope_table(query_pos, cfg.head_dim, opts.rope_theta, opts.rope_scaling, dtype,
+                         yarn=opts.yarn())
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
 
     def make_layer(self, layer_idx: int) -> LayerPE:

@@ -6,28 +6,61 @@ stored as [cos | sin] of the d/2 unique frequencies, the same layout as TAPE's E
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from tape.pe import register
-from tape.pe.base import (LayerPE, PositionalEncoding, PositionState, RotaryOptions, angle_dtype,
-                          inverse_frequencies)
+from tape.pe.base import (LayerPE, PositionalEncoding, PositionState, RotaryOptions, Yarn,
+                          angle_dtype, inverse_frequencies)
 
 
 def rope_table(
     positions: Tensor, head_dim: int, theta: float, scaling: float, dtype: torch.dtype,
-    fraction: float = 1.0,
+    fraction: float = 1.0, yarn: Yarn | None = None,
 ) -> Tensor:
     """positions (B, N) int64 -> (B, 1, N, d) = [cos(t·f_b) | sin(t·f_b)], t = position/scaling.
-    ``fraction`` < 1 keeps the highest frequencies only (p-RoPE): the others get angle 0."""
-    inv_freq = inverse_frequencies(head_dim, theta, positions.device)  # (d/2,), highest first
+    ``fraction`` < 1 keeps the highest frequencies only (p-RoPE): the others get angle 0.
+    ``yarn`` replaces the frequencies with YaRN's and scales the table by its magnitude."""
+    if yarn is None:
+        inv_freq = inverse_frequencies(head_dim, theta, positions.device)  # (d/2,), highest first
+    else:
+        inv_freq = yarn_frequencies(head_dim, theta, yarn, positions.device)
     if fraction < 1.0:
         kept = round(fraction * inv_freq.numel())
         inv_freq = torch.where(torch.arange(inv_freq.numel(), device=inv_freq.device) < kept, inv_freq, 0.0)
     t = positions.to(angle_dtype(positions.device)) / scaling  # (B, N)
     angles = t[..., None] * inv_freq  # (B, N, d/2)
     table = torch.cat([angles.cos(), angles.sin()], dim=-1)  # (B, N, d)
+    if yarn is not None:
+        table = table * yarn_magnitude(yarn.factor)
     return table[:, None].to(dtype)
+
+
+def _pair_turning(turns: float, head_dim: int, theta: float, length: int) -> float:
+    """The (fractional) pair index b whose frequency theta^(-2b/d) turns ``turns`` times in
+    ``length`` positions."""
+    return head_dim * math.log(length / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+
+def yarn_frequencies(head_dim: int, theta: float, yarn: Yarn, device: torch.device) -> Tensor:
+    """YaRN's frequencies, (d/2,): pairs turning more than beta_fast times in the original
+    length keep theta^(-2b/d), those turning fewer than beta_slow times are divided by the
+    factor, and a ramp linear in b (ends rounded outwards) blends the pairs between."""
+    inv_freq = inverse_frequencies(head_dim, theta, device)
+    low = max(math.floor(_pair_turning(yarn.beta_fast, head_dim, theta, yarn.original_length)), 0)
+    high = min(math.ceil(_pair_turning(yarn.beta_slow, head_dim, theta, yarn.original_length)), head_dim - 1)
+    high = high if high > low else low + 1e-3
+    pair = torch.arange(inv_freq.numel(), device=device, dtype=inv_freq.dtype)
+    interpolated = ((pair - low) / (high - low)).clamp(0.0, 1.0)  # 0: kept, 1: divided by factor
+    return inv_freq * (1 - interpolated) + inv_freq / yarn.factor * interpolated
+
+
+def yarn_magnitude(factor: float) -> float:
+    """The table's scale, 0.1 ln(s) + 1: q and k each carry it, so logits grow by its square
+    (YaRN's attention temperature sqrt(1/t))."""
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def rotate(x: Tensor, rot: Tensor) -> Tensor:
@@ -116,7 +149,7 @@ class RotaryLayer(LayerPE):
 @register("rope")
 class RoPE(PositionalEncoding):
     """Rotary position embedding. Options: ``rope_theta`` (base), ``rope_scaling`` (linear
-    position interpolation factor)."""
+    position interpolation factor), ``rope_yarn_factor`` / ``rope_yarn_original_length`` (YaRN)."""
 
     display = "RoPE"
     Options = RotaryOptions
@@ -129,7 +162,7 @@ class RoPE(PositionalEncoding):
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
         opts = self.opts
         rot = rope_table(query_pos, self.cfg.head_dim, opts.rope_theta, opts.rope_scaling, dtype,
-                         self.rotating_fraction())
+                         self.rotating_fraction(), opts.yarn())
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)
 
     def make_layer(self, layer_idx: int) -> LayerPE:

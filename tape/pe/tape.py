@@ -329,7 +329,8 @@ class TAPE(PositionalEncoding):
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
         cfg, opts = self.cfg, self.opts
         e_dtype = torch.promote_types(dtype, torch.float32)  # E is float32 (or float64) at every layer
-        table = rope_table(query_pos, cfg.head_dim, opts.rope_theta, opts.rope_scaling, e_dtype)
+        table = rope_table(query_pos, cfg.head_dim, opts.rope_theta, opts.rope_scaling, e_dtype,
+                           yarn=opts.yarn())
         b, _, n, d = table.shape
         rot = table.expand(b, cfg.kv_heads, n, d)  # (B, He, N, d): one E per key/value head
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot)

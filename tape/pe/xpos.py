@@ -50,7 +50,8 @@ class XPos(PositionalEncoding):
 
     def make_state(self, query_pos: Tensor, key_pos: Tensor, dtype: torch.dtype) -> PositionState:
         cfg, opts = self.cfg, self.opts
-        rot = rope_table(query_pos, cfg.head_dim, opts.rope_theta, opts.rope_scaling, dtype)
+        rot = rope_table(query_pos, cfg.head_dim, opts.rope_theta, opts.rope_scaling, dtype,
+                         yarn=opts.yarn())
         scale = xpos_scale(query_pos, cfg.head_dim, opts.xpos_scale_base, cfg.max_seq_len // 2, dtype)
         return PositionState(query_pos=query_pos, key_pos=key_pos, rot=rot, q_scale=scale)
 

@@ -24,8 +24,10 @@ NOT_SETTINGS: tuple[str, ...] = (
 )
 MAX_SHOWN = 3  # differing keys named in a label; the rest are counted
 
+_NO_YARN = {"pe.rope_yarn_factor": 1.0, "pe.rope_yarn_original_length": None}
 ADDED_OPTIONS: Mapping[str, Mapping[str, Any]] = {
-    "tape": {"pe.tape_equivariant": True, "pe.tape_tensorial": True},
+    "tape": {"pe.tape_equivariant": True, "pe.tape_tensorial": True, **_NO_YARN},
+    **{pe: _NO_YARN for pe in ("rope", "prope", "xpos", "randpe")},
 }
 """Per PE (``pe.name``), options added after runs were recorded, with the value those runs had in
 effect (the behaviour before the option existed). A config without the key has that value: its
