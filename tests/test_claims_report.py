@@ -167,6 +167,7 @@ def test_c1_factorial_arms_are_told_apart_by_abacus_and_paired(tmp_path: Path) -
     with open(out / "tables" / "claims_all.csv", newline="") as f:
         every = {r["comparison (Δ = first - second)"]: r for r in csv.DictReader(f)
                  if r["our experiment and metric"].startswith("addition_c1/cpu, OOD exact")}
+    assert every.pop("TAPE + YaRN + Abacus - TAPE + Abacus")["n paired seeds (planned)"] == "0 (planned 8)"  # C1y
     assert set(every) == {"TAPE + Abacus - RoPE + Abacus", "TAPE - RoPE", "TAPE + Abacus - NoPE + Abacus",
                           "NoPE + Abacus - RoPE"}
     assert all(r["n paired seeds (planned)"] == "8 (planned 8)" for r in every.values())

@@ -350,9 +350,11 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     steps = plan("cpu", runs_dir=tmp_path / "runs")
     by_name = {s.name: s for s in steps}
     # C1's 8 planned seeds and C1b's fresh seeds 8-15 of the same arm: one step, both sets
-    assert by_name["C1+C1b-tape_abacus"].seeds == tuple(range(16)) and by_name["C1+C1b-tape_abacus"].tier == 0
+    assert by_name["C1+C1b+C1y-tape_abacus"].seeds == tuple(range(16)) and by_name["C1+C1b+C1y-tape_abacus"].tier == 0
     assert by_name["C1-nope_abacus"].seeds == tuple(range(8)) and by_name["C1-nope_abacus"].tier == 1
     assert "model.abacus=true" in by_name["C1+C1b-rope_abacus"].overrides
+    yarn = by_name["C1y-tape_abacus_yarn"]  # YaRN's option, named by the arm, reaches the command
+    assert {"pe.rope_yarn_factor=2.0", "pe.rope_yarn_original_length=20"} <= set(yarn.overrides)
     assert "model.abacus=false" in by_name["C1-rope_plain"].overrides
     shared = by_name["C2+C2e+C2f+C4-tape"]  # one arm, four claims (seeds 0-7, 0-7, 10-17, 0-5): each seed once
     assert shared.experiment == "pretrain/cpu" and shared.seeds == (*range(8), *range(10, 18))
