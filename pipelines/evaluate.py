@@ -83,7 +83,7 @@ def own_task_config(chosen: dict[str, Any], source: RunSource) -> DictConfig:
     if source.run_cfg is None or source.ckpt is None:
         raise PipelineConfigError(
             f"run_dir={source.run_dir} is a Hugging Face model; choose its evaluation with "
-            "task=passkey or task=perplexity"
+            "task=passkey, task=perplexity or task=multiple_choice"
         )
     changes = {k: v for k, v in chosen.items() if v is not None}
     check_rerun_changes(source.run_cfg, changes)

@@ -233,6 +233,46 @@ def test_passkey_on_a_pretraining_run(pretrained: Path, capsys) -> None:
     assert float(logged[-1]["eval/passkey_256"]) == pytest.approx(metrics["passkey_256"])
 
 
+def multiple_choice_data(root: Path) -> Path:
+    """Six MMLU items of two subjects (with a few-shot file) and three ARC-Easy items."""
+    words = "the king and queen of the land".split()
+    for name, n, subjects in (("mmlu/test", 6, ("anatomy", "philosophy")), ("mmlu/fewshot", 4, ("anatomy", "philosophy")),
+                              ("arc_easy/test", 3, ("",))):
+        path = root / f"{name}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({
+            "question": f"{words[i % 7]} of the {words[(i + 2) % 7]}?", "choices": [words[(i + j) % 7] for j in range(4)],
+            "answer": i % 4, "subject": subjects[i % len(subjects)]}) + "\n" for i in range(n)))
+    return root
+
+
+def test_multiple_choice_on_a_pretraining_run(pretrained: Path, tmp_path: Path) -> None:
+    data = multiple_choice_data(tmp_path / "mc")
+    metrics = run_eval(pretrained, "task=multiple_choice", f"task.data_dir={data}", "task.benchmarks=[mmlu,arc_easy]",
+                       "task.shots.mmlu=2", name="mc")
+    out = pretrained / "eval" / "mc"
+    rows = {(r["benchmark"], r["group"]): r for r in csv.DictReader(open(out / "multiple_choice.csv"))}
+    assert set(rows) == {("mmlu", "stem"), ("mmlu", "humanities"), ("mmlu", "all"), ("arc_easy", "all")}
+    items = [json.loads(line) for line in open(out / "multiple_choice_items.jsonl")]
+    assert [i["benchmark"] for i in items] == ["mmlu"] * 6 + ["arc_easy"] * 3
+    assert all(len(i["loglikelihoods"]) == 4 and max(i["loglikelihoods"]) < 0 for i in items)
+    mmlu = [i["correct"] for i in items if i["benchmark"] == "mmlu"]
+    assert float(rows["mmlu", "all"]["acc"]) == pytest.approx(100 * sum(mmlu) / 6) == metrics["mc_mmlu_acc"]
+    assert int(rows["mmlu", "stem"]["items"]) == 3 and int(rows["mmlu", "all"]["shots"]) == 2
+    assert {"mc_mmlu_stem_acc", "mc_mmlu_humanities_acc_norm", "mc_arc_easy_acc_norm"} <= set(metrics)
+    assert OmegaConf.load(out / "config.yaml").task.tokenizer.endswith("tokenizer.json")
+
+
+def test_multiple_choice_on_a_tape_llama_directory(tmp_path: Path, tokenizer_json: Path) -> None:
+    model_dir = tiny_llama_dir(tmp_path / "model", tape=True)
+    data = multiple_choice_data(tmp_path / "mc")
+    with pytest.raises(PipelineConfigError, match="task.data_dir is not set"):
+        run_eval(model_dir, "task=multiple_choice", f"task.tokenizer={tokenizer_json}", name="a")
+    metrics = run_eval(model_dir, "task=multiple_choice", f"task.tokenizer={tokenizer_json}", f"task.data_dir={data}",
+                       "task.benchmarks=[arc_easy]", name="b")
+    assert metrics["pe"] == "tape" and 0.0 <= metrics["mc_arc_easy_acc"] <= 100.0
+
+
 def test_perplexity_on_a_pretraining_run_reads_its_heldout_text(pretrained: Path) -> None:
     metrics = run_eval(pretrained, "task=perplexity", "task.max_windows=3", name="ppl")
     assert {"ppl_heldout_16", "ppl_heldout_32", "ppl_heldout_64"} <= set(metrics)  # 1x, 2x, 4x of 16
@@ -274,7 +314,7 @@ def test_a_missing_tokenizer_or_corpus_is_named(tmp_path: Path) -> None:
         run_eval(model_dir, "task=passkey", "task.tokenizer=/no/tokenizer", "task.lengths=[256]", name="b")
     with pytest.raises(PipelineConfigError, match="task.corpora"):
         run_eval(model_dir, "task=perplexity", name="c")
-    with pytest.raises(PipelineConfigError, match="task=passkey or task=perplexity"):
+    with pytest.raises(PipelineConfigError, match="task=passkey, task=perplexity or task=multiple_choice"):
         run_eval(model_dir, name="d")  # a bare model has no evaluation of its own
 
 

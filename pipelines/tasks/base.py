@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from pipelines.errors import PipelineConfigError, evaluation_only
 from pipelines.result_files import Row, read_csv_rows
+from tape.data.tokenizer import TextTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     from torch import nn
@@ -23,6 +24,18 @@ if TYPE_CHECKING:
 def as_written(rows: list[Row], cfg: DictConfig) -> list[Row]:
     """A result file's rows unchanged (a WandbTable's default preparation)."""
     return rows
+
+
+def task_tokenizer(task_cfg: DictConfig) -> TextTokenizer:
+    """The tokenizer ``task.tokenizer`` names (our BPE's tokenizer.json or a Hugging Face
+    directory); unset or missing, an error naming the key."""
+    if not task_cfg.tokenizer:
+        raise PipelineConfigError("task.tokenizer is not set: a tokenizer.json of our BPE or a "
+                                  "Hugging Face tokenizer directory")
+    try:
+        return load_tokenizer(str(task_cfg.tokenizer))
+    except FileNotFoundError as err:
+        raise PipelineConfigError(f"task.tokenizer={task_cfg.tokenizer}: {err}") from None
 
 
 class WandbTable(NamedTuple):
@@ -79,8 +92,8 @@ class Task:
     def adopt(self, task_cfg: DictConfig, source: Any, out_dir: Path) -> None:
         """Fill null settings from another run (a pipelines.run_source.RunSource) to evaluate it."""
         raise PipelineConfigError(
-            f"task={self.name} cannot evaluate another run's model; pass task=passkey or "
-            "task=perplexity, or no task= to re-run the run's own evaluation"
+            f"task={self.name} cannot evaluate another run's model; pass task=passkey, "
+            "task=perplexity or task=multiple_choice, or no task= to re-run the run's own evaluation"
         )
 
     def trained_tokenizer(self, run_cfg: DictConfig) -> str | None:

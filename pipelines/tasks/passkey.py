@@ -24,10 +24,10 @@ from pipelines.config_checks import require_bool
 from pipelines.errors import PipelineConfigError
 from pipelines.models import check_model_positions
 from pipelines.tasks import register
-from pipelines.tasks.base import Task, WandbTable
+from pipelines.tasks.base import Task, WandbTable, task_tokenizer
 from tape.data.passkey import MAX_KEY, garbage_for_tokens, passkey_prompt
 from tape.metrics.passkey import passkey_accuracy
-from tape.data.tokenizer import TextTokenizer, load_tokenizer
+from tape.data.tokenizer import TextTokenizer
 
 FIELDS = ["target_tokens", "filler_chars", "n_garbage", "max_tokens", "mean_tokens", "trials", "accuracy"]
 
@@ -58,7 +58,7 @@ def check(task_cfg: DictConfig) -> None:
     """Every test point can be built with this tokenizer (before any directory is written);
     lengths taken from the run are raised to the shortest that holds a prompt."""
     require_bool(task_cfg, "kv_cache", prefix="task.")
-    tok = _tokenizer(task_cfg)
+    tok = task_tokenizer(task_cfg)
     bos = bool(task_cfg.bos) and tok.bos_id is not None
     if task_cfg.get("lengths_from_run"):
         base = max(int(task_cfg.lengths[0]), shortest_fit(task_cfg, tok, bos))
@@ -72,16 +72,6 @@ def positions_needed(task_cfg: DictConfig) -> tuple[int, str] | None:
     if task_cfg.filler_chars is None and task_cfg.lengths:
         return max(int(n) for n in task_cfg.lengths), "task.lengths"
     return None
-
-
-def _tokenizer(t: DictConfig) -> TextTokenizer:
-    if not t.tokenizer:
-        raise PipelineConfigError("task.tokenizer is not set: a tokenizer.json of our BPE or a "
-                                  "Hugging Face tokenizer directory")
-    try:
-        return load_tokenizer(str(t.tokenizer))
-    except FileNotFoundError as err:
-        raise PipelineConfigError(f"task.tokenizer={t.tokenizer}: {err}") from None
 
 
 def sizes(t: DictConfig, tok: TextTokenizer, bos: bool) -> list[tuple[int | None, int]]:
@@ -113,7 +103,7 @@ def rows(model: nn.Module, task_cfg: DictConfig, tok: TextTokenizer | None = Non
     """One row per test point: accuracy over ``trials`` prompts and their token counts. ``tok``:
     a tokenizer already loaded (context extension's); default: ``task_cfg.tokenizer``."""
     t = task_cfg
-    tok = tok or _tokenizer(t)
+    tok = tok or task_tokenizer(t)
     bos_id = tok.bos_id if t.bos else None
     trials, seed = int(t.trials), int(t.seed)
     out = []
