@@ -109,14 +109,37 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
         extend(extend_cfg(tmp_path, data_dir, name="again"))  # a run directory is never reused
 
 
+def arc_items(root: Path, n: int = 4) -> Path:
+    """``n`` ARC-Easy items of invented words under root/arc_easy/test.jsonl."""
+    (root / "arc_easy").mkdir(parents=True)
+    (root / "arc_easy" / "test.jsonl").write_text("".join(
+        json.dumps({"question": f"word {i}?", "choices": ["king", "queen", "land"], "answer": i % 3}) + "\n"
+        for i in range(n)))
+    return root
+
+
 def test_base_only_run_sizes_the_base(tmp_path, data_dir):
     """extend.recipes=[] trains and evaluates the base alone (sizing it: does it retrieve at C?);
-    its tables have no extended model to mark best."""
-    metrics = extend(extend_cfg(tmp_path, data_dir, "extend.recipes=[]"))
+    its tables have no extended model to mark best. With eval.multiple_choice_dir, every model is
+    also scored on those items (Table 9)."""
+    items = arc_items(tmp_path / "mc")
+    metrics = extend(extend_cfg(tmp_path, data_dir, "extend.recipes=[]", f"eval.multiple_choice_dir={items}",
+                                "eval.multiple_choice_benchmarks=[arc_easy]", "eval.multiple_choice_max_items=3"))
     run = Path(tmp_path / "runs" / "run")
     assert {r["method"] for r in _read_csv(run / "passkey.csv")} == {"base"}
     assert "**" not in (run / "tables.md").read_text()
     assert "base_passkey_at_context" in metrics and not any(k.startswith("time_train_") for k in metrics)
+    choice = _read_csv(run / "multiple_choice.csv")
+    assert [(r["method"], r["benchmark"], r["group"], r["items"]) for r in choice] == [("base", "arc_easy", "all", "3")]
+    assert metrics["mc_arc_easy_acc_base"] == pytest.approx(float(choice[0]["acc"]))
+    assert "## MMLU / ARC accuracy" in (run / "tables.md").read_text()
+
+
+def test_missing_multiple_choice_files_fail_before_the_run_dir(tmp_path, data_dir):
+    cfg = extend_cfg(tmp_path, data_dir, f"eval.multiple_choice_dir={tmp_path / 'none'}")
+    with pytest.raises(PipelineConfigError, match=r"eval.multiple_choice_dir=.*mmlu/test.jsonl not found"):
+        extend(cfg)
+    assert not Path(cfg.paths.output_dir).exists()
 
 
 @pytest.mark.wandb
@@ -521,7 +544,8 @@ def test_evaluation_stage_uses_the_passkey_and_perplexity_tasks_protocols():
     with open_dict(cfg):
         cfg.eval.perplexity_lengths, cfg.eval.max_windows = [256], None
         cfg.eval.passkey_lengths, cfg.eval.passkey_trials = [400], 3
-    ppl, keys = evaluate_stage(cfg, "base", model, data)
+    ppl, keys, choice = evaluate_stage(cfg, "base", model, data)
+    assert choice == []  # no eval.multiple_choice_dir
     assert ppl[0]["windows"] == len(range(0, len(tokens) - 256, 256)) == 3
     assert ppl[0]["perplexity"] == pytest.approx(
         sliding_window_perplexity(model, tokens, 256, 256, cfg.eval.batch_size, None)["perplexity"])
@@ -532,7 +556,7 @@ def test_evaluation_stage_uses_the_passkey_and_perplexity_tasks_protocols():
     assert keys[0]["mean_tokens"] == official["mean_tokens"] != python["mean_tokens"]
     no_corpora = ExtensionData(encode=char_encode, pad_id=0, vocab_size=300, train_rows=None,
                                eval_tokens={}, bos_id=1)
-    ppl, keys = evaluate_stage(cfg, "base", model, no_corpora)  # no data.eval_files: passkey only
+    ppl, keys, _ = evaluate_stage(cfg, "base", model, no_corpora)  # no data.eval_files: passkey only
     assert ppl == [] and len(keys) == 1
 
 

@@ -13,7 +13,7 @@ import csv
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from omegaconf import DictConfig, open_dict
 from torch import nn
@@ -24,6 +24,7 @@ from pipelines.tasks import register
 from pipelines.tasks.base import Task, WandbTable, task_tokenizer
 from tape.data.multiple_choice import (BENCHMARKS, MMLU_GROUPS, Item, MultipleChoiceDataError, prompt,
                                        read_items, shots_for)
+from tape.data.tokenizer import TextTokenizer
 from tape.metrics.multiple_choice import accuracy, score
 
 FIELDS = ["benchmark", "group", "shots", "items", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr"]
@@ -77,46 +78,61 @@ def groups(benchmark: str) -> list[str]:
     return [*MMLU_GROUPS, "all"] if benchmark == "mmlu" else ["all"]
 
 
+def rows(model: nn.Module, task_cfg: DictConfig, tok: TextTokenizer | None = None,
+         items_out: TextIO | None = None) -> list[dict[str, Any]]:
+    """One row per benchmark and group: items, acc and acc_norm (%) with standard errors; each
+    item's log-likelihoods and outcomes as a JSON line to ``items_out``. ``tok``: a tokenizer
+    already loaded (context extension's); default: ``task_cfg.tokenizer``."""
+    t = task_cfg
+    check(t)
+    tok = tok or task_tokenizer(t)
+    bos_id = tok.bos_id if t.bos else None
+    device = next(model.parameters()).device
+    out = []
+    for benchmark in t.benchmarks:
+        items, pool = _data(t, benchmark)
+        k = int(t.shots.get(benchmark, 0))
+        outcomes = []
+        for n, item in enumerate(items):
+            try:
+                shots = shots_for(item, pool, k)
+            except MultipleChoiceDataError as err:
+                raise PipelineConfigError(f"task.shots.{benchmark}={k}: {err}") from None
+            s = score(model, tok.encode, prompt(benchmark, item, shots), item.answer, device,
+                      bos_id=bos_id, max_tokens=t.max_tokens)
+            outcomes.append((item.group, s))
+            if items_out is not None:
+                items_out.write(json.dumps({"benchmark": benchmark, "item": n, "subject": item.subject,
+                                            "answer": item.answer, "loglikelihoods": s.loglikelihoods,
+                                            "correct": s.correct, "correct_norm": s.correct_norm,
+                                            "tokens": s.tokens}) + "\n")
+        for group in groups(benchmark):
+            chosen = [s for g, s in outcomes if group in ("all", g)]
+            if chosen:
+                acc, acc_se = accuracy([s.correct for s in chosen])
+                norm, norm_se = accuracy([s.correct_norm for s in chosen])
+                out.append({"benchmark": benchmark, "group": group, "shots": k, "items": len(chosen),
+                            "acc": acc, "acc_stderr": acc_se, "acc_norm": norm, "acc_norm_stderr": norm_se})
+    return out
+
+
+def metric_name(row: dict[str, Any], measure: str) -> str:
+    """``mc_<benchmark>[_<group>]_<measure>``; the group is left out for "all"."""
+    group = "" if row["group"] == "all" else f"_{row['group']}"
+    return f"mc_{row['benchmark']}{group}_{measure}"
+
+
 def evaluate(model: nn.Module, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
     """Accuracy per benchmark and group -> multiple_choice.csv, per item -> _items.jsonl, and
     flat metrics ``mc_<benchmark>[_<group>]_{acc,acc_norm}`` (%), ``eval_time_s``."""
     t0 = time.perf_counter()
-    check(task_cfg)
-    t, tok = task_cfg, task_tokenizer(task_cfg)
-    bos_id = tok.bos_id if t.bos else None
-    device = next(model.parameters()).device
-    rows, metrics = [], {}
-    with open(Path(out_dir) / "multiple_choice_items.jsonl", "x", encoding="utf-8") as items_file:
-        for benchmark in t.benchmarks:
-            items, pool = _data(t, benchmark)
-            k = int(t.shots.get(benchmark, 0))
-            outcomes = []
-            for n, item in enumerate(items):
-                try:
-                    shots = shots_for(item, pool, k)
-                except MultipleChoiceDataError as err:
-                    raise PipelineConfigError(f"task.shots.{benchmark}={k}: {err}") from None
-                s = score(model, tok.encode, prompt(benchmark, item, shots), item.answer, device,
-                          bos_id=bos_id, max_tokens=t.max_tokens)
-                outcomes.append((item.group, s))
-                items_file.write(json.dumps({"benchmark": benchmark, "item": n, "subject": item.subject,
-                                             "answer": item.answer, "loglikelihoods": s.loglikelihoods,
-                                             "correct": s.correct, "correct_norm": s.correct_norm,
-                                             "tokens": s.tokens}) + "\n")
-            for group in groups(benchmark):
-                chosen = [s for g, s in outcomes if group in ("all", g)]
-                if not chosen:
-                    continue
-                acc, acc_se = accuracy([s.correct for s in chosen])
-                norm, norm_se = accuracy([s.correct_norm for s in chosen])
-                rows.append({"benchmark": benchmark, "group": group, "shots": k, "items": len(chosen),
-                             "acc": acc, "acc_stderr": acc_se, "acc_norm": norm, "acc_norm_stderr": norm_se})
-                name = f"mc_{benchmark}" + ("" if group == "all" else f"_{group}")
-                metrics[f"{name}_acc"], metrics[f"{name}_acc_norm"] = acc, norm
+    with open(Path(out_dir) / "multiple_choice_items.jsonl", "x", encoding="utf-8") as items_out:
+        results = rows(model, task_cfg, items_out=items_out)
     with open(Path(out_dir) / "multiple_choice.csv", "x", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(results)
+    metrics = {metric_name(r, m): r[m] for r in results for m in ("acc", "acc_norm")}
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
 

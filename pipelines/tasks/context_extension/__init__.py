@@ -4,10 +4,11 @@
 Pretrains (or loads) a RoPE Llama at context C, extends it to ``extend.context`` with each
 named recipe of ``extend.recipes`` (tape = the official TAPE variant, tape_mix, lora, longlora,
 theta; ``recipes.<name>`` gives the base recipe and its options), then evaluates the base and
-every recipe on rank 0: perplexity per corpus and length (LongLoRA protocol) and passkey
-accuracy per length. Every training stage is a Lightning fit with the ``trainer`` preset (see
-stages.py). The run directory runs/<experiment>/llama/<seed>/<time>-<id>/ gets config.yaml,
-command.txt, metrics.json (flat, with each stage's wall time), perplexity.csv, passkey.csv,
+every recipe on rank 0: perplexity per corpus and length (LongLoRA protocol), passkey
+accuracy per length and, given ``eval.multiple_choice_dir``, MMLU / ARC accuracy. Every training
+stage is a Lightning fit with the ``trainer`` preset (see stages.py). The run directory
+runs/<experiment>/llama/<seed>/<time>-<id>/ gets config.yaml, command.txt, metrics.json (flat,
+with each stage's wall time), perplexity.csv, passkey.csv, multiple_choice.csv (with MMLU / ARC),
 tables.md and passkey.png. Trained models live in ``models_dir`` and are reused by later runs
 with identical settings.
 

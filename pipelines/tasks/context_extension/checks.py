@@ -30,6 +30,22 @@ def recipe_spec(cfg: DictConfig, name: str) -> tuple[str, dict[str, Any]]:
     return str(options.pop("recipe", name)), options
 
 
+def _check_multiple_choice(cfg: DictConfig) -> None:
+    """eval.multiple_choice_dir's files and eval.multiple_choice_max_items are usable (before any training)."""
+    from pipelines.tasks import multiple_choice
+    from pipelines.tasks.context_extension.stages import multiple_choice_task_config
+
+    mc_cfg = multiple_choice_task_config(cfg)
+    if mc_cfg is not None:
+        try:
+            multiple_choice.check(mc_cfg)
+        except PipelineConfigError as err:
+            message = str(err)
+            for key in ("data_dir", "benchmarks", "max_items"):
+                message = message.replace(f"task.{key}", f"eval.multiple_choice_{key}".replace("_data_dir", "_dir"))
+            raise PipelineConfigError(message) from None
+
+
 def _check_precision(cfg: DictConfig) -> None:
     precision = str(cfg.trainer.precision)
     if precision.endswith("-true") and not precision.startswith(("32", "64")):
@@ -132,6 +148,7 @@ def validate(cfg: DictConfig) -> None:
                                   "model.context tokens)")
     _check_precision(cfg)
     require_bool(cfg, "eval.passkey_kv_cache")
+    _check_multiple_choice(cfg)
     if cfg.get("ckpt_path"):
         raise PipelineConfigError(
             f"ckpt_path={cfg.ckpt_path}: context extension resumes by itself; rerun the same command "

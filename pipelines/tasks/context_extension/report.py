@@ -43,6 +43,16 @@ def passkey_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def multiple_choice_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown: one row per method, one column per benchmark and group (acc ± its standard error)."""
+    cols = list(dict.fromkeys((r["benchmark"], r["group"]) for r in rows))
+    cell = {(r["method"], r["benchmark"], r["group"]): f"{r['acc']:.2f} ± {r['acc_stderr']:.2f}" for r in rows}
+    lines = ["| method | " + " | ".join(f"{b} {g}" for b, g in cols) + " |", "|---|" + "---|" * len(cols)]
+    for m in _methods(rows):
+        lines.append(f"| {m} | " + " | ".join(cell.get((m, *c), "") for c in cols) + " |")
+    return "\n".join(lines)
+
+
 def rows_mean(values: Sequence[float]) -> float:
     return sum(values) / max(len(values), 1)
 

@@ -4,7 +4,8 @@
    use ``model.pretrained_path``;
 2. ``recipe_stage``: load the base, apply one named recipe for ``extend.context``, fine-tune,
    merge, save;
-3. ``evaluate_stage``: perplexity per corpus and length, passkey accuracy per length.
+3. ``evaluate_stage``: perplexity per corpus and length, passkey accuracy per length, and MMLU /
+   ARC accuracy when ``eval.multiple_choice_dir`` names their files.
 
 Each training stage is one Lightning ``fit`` of :class:`~tape.lightning.HFCausalLMModule` with
 the ``trainer`` preset (cpu, gpu, ddp, fsdp, num_nodes); its step counts, accumulation and
@@ -261,11 +262,21 @@ def _tokenizer(data: ExtensionData) -> Any:
 
 
 # ---------------------------------------------------------------------------- evaluation
-def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module,
-                   data: ExtensionData) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(perplexity rows, passkey rows) of one model, through the task=perplexity and
-    task=passkey evaluations (the same code as ``pipelines.evaluate ... task=passkey``)."""
-    from pipelines.tasks import passkey, perplexity
+def multiple_choice_task_config(cfg: DictConfig) -> DictConfig | None:
+    """task=multiple_choice's settings from the ``eval`` section; None when it names no data."""
+    e = cfg.eval
+    if not e.get("multiple_choice_dir"):
+        return None
+    return task_config("multiple_choice", data_dir=str(e.multiple_choice_dir), tokenizer="context extension",
+                       benchmarks=list(e.multiple_choice_benchmarks), max_items=e.get("multiple_choice_max_items"))
+
+
+def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module, data: ExtensionData
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(perplexity rows, passkey rows, MMLU / ARC rows) of one model, through the
+    task=perplexity, task=passkey and task=multiple_choice evaluations (the same code as
+    ``pipelines.evaluate ... task=passkey``); no MMLU / ARC rows without eval.multiple_choice_dir."""
+    from pipelines.tasks import multiple_choice, passkey, perplexity
 
     e = cfg.eval
     ppl = []
@@ -279,7 +290,12 @@ def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module,
     for r in passkey.rows(model, passkey_task_config(cfg), _tokenizer(data)):  # a filler size in characters is labelled by its longest prompt
         keys.append({**r, "method": method, "target_tokens": r["target_tokens"] or r["max_tokens"]})
         log.info("%s passkey <=%d tokens: %.2f", method, keys[-1]["target_tokens"], r["accuracy"])
-    return ppl, keys
+    choice = []
+    if (mc_cfg := multiple_choice_task_config(cfg)) is not None:
+        choice = [{"method": method, **r} for r in multiple_choice.rows(model, mc_cfg, _tokenizer(data))]
+    for r in choice:
+        log.info("%s %s %s acc %.2f", method, r["benchmark"], r["group"], r["acc"])
+    return ppl, keys, choice
 
 
 def task_config(name: str, **values: Any) -> DictConfig:
