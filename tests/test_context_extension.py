@@ -71,10 +71,12 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 # ----------------------------------------------------------------------------- end to end
 def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_dir):
-    cfg = extend_cfg(tmp_path, data_dir)
+    cfg = extend_cfg(tmp_path, data_dir, f"eval.multiple_choice_dir={arc_items(tmp_path / 'mc')}",
+                     "eval.multiple_choice_benchmarks=[arc_easy]")
     metrics = extend(cfg)
     run = Path(cfg.paths.output_dir)
-    for f in ("metrics.json", "perplexity.csv", "passkey.csv", "passkey.png", "tables.md", "config.yaml"):
+    for f in ("metrics.json", "perplexity.csv", "passkey.csv", "passkey.png", "tables.md", "config.yaml",
+              "multiple_choice.csv", "multiple_choice_items.jsonl"):
         assert (run / f).is_file(), f
     assert json.loads((run / "metrics.json").read_text()) == pytest.approx(metrics)
     methods = ["base", *NAMED]
@@ -93,6 +95,10 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
     assert 0 < metrics["tape_trainable_params"] < metrics["tape_mix_trainable_params"]
     assert "base_passkey_at_context" in metrics and isinstance(metrics["base_retrieves"], bool)
     assert metrics["base_steps"] == cfg.base.steps and "base_loss_passkey" in metrics
+    assert [r["method"] for r in _read_csv(run / "multiple_choice.csv")] == methods
+    assert len((run / "multiple_choice_items.jsonl").read_text().splitlines()) == 4 * len(methods)
+    paired = (run / "tables.md").read_text().split("each model - base on the same items")[1]
+    assert [line.split("|")[1].strip() for line in paired.splitlines() if line.startswith("| ")][1:] == NAMED
 
     again = extend(extend_cfg(tmp_path, data_dir, "logger=csv", name="again"))  # same settings: nothing trains
     assert again["base_reused"] and all(again[f"{r}_reused"] for r in NAMED)

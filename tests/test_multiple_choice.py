@@ -183,3 +183,39 @@ def test_max_items_spreads_over_the_file(tmp_path):
     write_jsonl(tmp_path / "mmlu" / "test.jsonl", MMLU_ROWS)
     items, _ = task._data(task_cfg(tmp_path, max_items=3), "mmlu")
     assert [i.question for i in items] == ["q0", "q3", "q6"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_paired_difference_against_scipy(seed):
+    from scipy.stats import binomtest
+
+    from tape.metrics.multiple_choice import paired_difference
+
+    gen = torch.Generator().manual_seed(seed)
+    a = (torch.rand(300, generator=gen) < 0.55).tolist()
+    b = [x if torch.rand(1, generator=gen) < 0.8 else not x for x in a]
+    d = paired_difference(a, b)
+    only_a = sum(x and not y for x, y in zip(a, b))
+    only_b = sum(y and not x for x, y in zip(a, b))
+    assert d.delta == pytest.approx(100 * (only_a - only_b) / 300)
+    assert d.p_value == pytest.approx(binomtest(only_a, only_a + only_b, 0.5).pvalue, rel=1e-9)
+    diffs = torch.tensor([int(x) - int(y) for x, y in zip(a, b)], dtype=torch.float64)
+    assert d.high - d.delta == pytest.approx(100 * 1.959964 * float(diffs.std()) / math.sqrt(300))
+    assert paired_difference([True, False], [True, False]).p_value == 1.0
+    with pytest.raises(ValueError, match="same items"):
+        paired_difference([True], [True, False])
+
+
+def test_the_paired_table_compares_each_model_with_the_reference_item_by_item():
+    from pipelines.tasks.context_extension.report import paired_table
+
+    def rec(item, group, correct):
+        return {"benchmark": "mmlu", "item": item, "group": group, "correct": correct}
+
+    base = [rec(0, "stem", True), rec(1, "stem", False), rec(2, "other", False), rec(3, "other", True)]
+    tape = [rec(3, "other", True), rec(2, "other", True), rec(1, "stem", True), rec(0, "stem", True)]  # another order
+    table = paired_table({"base": base, "tape": tape}, "base").splitlines()
+    assert table[0] == "| method | mmlu stem | mmlu other | mmlu all |"
+    cells = [c.strip() for c in table[2].split("|")[2:-1]]
+    assert [c.split(" ")[0] for c in cells] == ["+50.00", "+50.00", "+50.00"]
+    assert cells[2].endswith("p 0.5")  # 2 items only TAPE got right: 2 x (1/2)^2

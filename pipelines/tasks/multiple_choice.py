@@ -13,7 +13,7 @@ import csv
 import json
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from omegaconf import DictConfig, open_dict
 from torch import nn
@@ -78,11 +78,10 @@ def groups(benchmark: str) -> list[str]:
     return [*MMLU_GROUPS, "all"] if benchmark == "mmlu" else ["all"]
 
 
-def rows(model: nn.Module, task_cfg: DictConfig, tok: TextTokenizer | None = None,
-         items_out: TextIO | None = None) -> list[dict[str, Any]]:
-    """One row per benchmark and group: items, acc and acc_norm (%) with standard errors; each
-    item's log-likelihoods and outcomes as a JSON line to ``items_out``. ``tok``: a tokenizer
-    already loaded (context extension's); default: ``task_cfg.tokenizer``."""
+def records(model: nn.Module, task_cfg: DictConfig, tok: TextTokenizer | None = None) -> list[dict[str, Any]]:
+    """One record per scored item: benchmark, index, subject, group, answer, shots, each choice's
+    log-likelihood, both outcomes and its tokens. ``tok``: a tokenizer already loaded (context
+    extension's); default: ``task_cfg.tokenizer``."""
     t = task_cfg
     check(t)
     tok = tok or task_tokenizer(t)
@@ -92,7 +91,6 @@ def rows(model: nn.Module, task_cfg: DictConfig, tok: TextTokenizer | None = Non
     for benchmark in t.benchmarks:
         items, pool = _data(t, benchmark)
         k = int(t.shots.get(benchmark, 0))
-        outcomes = []
         for n, item in enumerate(items):
             try:
                 shots = shots_for(item, pool, k)
@@ -100,20 +98,37 @@ def rows(model: nn.Module, task_cfg: DictConfig, tok: TextTokenizer | None = Non
                 raise PipelineConfigError(f"task.shots.{benchmark}={k}: {err}") from None
             s = score(model, tok.encode, prompt(benchmark, item, shots), item.answer, device,
                       bos_id=bos_id, max_tokens=t.max_tokens)
-            outcomes.append((item.group, s))
-            if items_out is not None:
-                items_out.write(json.dumps({"benchmark": benchmark, "item": n, "subject": item.subject,
-                                            "answer": item.answer, "loglikelihoods": s.loglikelihoods,
-                                            "correct": s.correct, "correct_norm": s.correct_norm,
-                                            "tokens": s.tokens}) + "\n")
-        for group in groups(benchmark):
-            chosen = [s for g, s in outcomes if group in ("all", g)]
-            if chosen:
-                acc, acc_se = accuracy([s.correct for s in chosen])
-                norm, norm_se = accuracy([s.correct_norm for s in chosen])
-                out.append({"benchmark": benchmark, "group": group, "shots": k, "items": len(chosen),
-                            "acc": acc, "acc_stderr": acc_se, "acc_norm": norm, "acc_norm_stderr": norm_se})
+            out.append({"benchmark": benchmark, "item": n, "subject": item.subject, "group": item.group,
+                        "answer": item.answer, "shots": k, "loglikelihoods": s.loglikelihoods,
+                        "correct": s.correct, "correct_norm": s.correct_norm, "tokens": s.tokens})
     return out
+
+
+def in_group(record: dict[str, Any], group: str) -> bool:
+    return group == "all" or record["group"] == group
+
+
+def summary(scored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per benchmark and group of ``records``: items, acc and acc_norm (%) with their
+    standard errors."""
+    out = []
+    for benchmark in dict.fromkeys(r["benchmark"] for r in scored):
+        mine = [r for r in scored if r["benchmark"] == benchmark]
+        for group in groups(benchmark):
+            chosen = [r for r in mine if in_group(r, group)]
+            if chosen:
+                acc, acc_se = accuracy([r["correct"] for r in chosen])
+                norm, norm_se = accuracy([r["correct_norm"] for r in chosen])
+                out.append({"benchmark": benchmark, "group": group, "shots": chosen[0]["shots"],
+                            "items": len(chosen), "acc": acc, "acc_stderr": acc_se, "acc_norm": norm,
+                            "acc_norm_stderr": norm_se})
+    return out
+
+
+def write_records(scored: list[dict[str, Any]], path: Path) -> None:
+    """The records as JSON lines in a new file."""
+    with open(path, "x", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in scored)
 
 
 def metric_name(row: dict[str, Any], measure: str) -> str:
@@ -126,8 +141,9 @@ def evaluate(model: nn.Module, task_cfg: DictConfig, out_dir: Path, title: str) 
     """Accuracy per benchmark and group -> multiple_choice.csv, per item -> _items.jsonl, and
     flat metrics ``mc_<benchmark>[_<group>]_{acc,acc_norm}`` (%), ``eval_time_s``."""
     t0 = time.perf_counter()
-    with open(Path(out_dir) / "multiple_choice_items.jsonl", "x", encoding="utf-8") as items_out:
-        results = rows(model, task_cfg, items_out=items_out)
+    scored = records(model, task_cfg)
+    write_records(scored, Path(out_dir) / "multiple_choice_items.jsonl")
+    results = summary(scored)
     with open(Path(out_dir) / "multiple_choice.csv", "x", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()

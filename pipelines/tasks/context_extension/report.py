@@ -53,6 +53,29 @@ def multiple_choice_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def paired_table(records: dict[str, list[dict[str, Any]]], reference: str) -> str:
+    """Markdown: per model other than ``reference``, per benchmark and group, its accuracy minus
+    the reference's on the same items (``tape.metrics.multiple_choice.paired_difference``)."""
+    from pipelines.tasks.multiple_choice import groups, in_group
+    from tape.metrics.multiple_choice import paired_difference
+
+    ref = records[reference]
+    cols = [(b, g) for b in dict.fromkeys(r["benchmark"] for r in ref) for g in groups(b)
+            if any(r["benchmark"] == b and in_group(r, g) for r in ref)]
+    lines = ["| method | " + " | ".join(f"{b} {g}" for b, g in cols) + " |", "|---|" + "---|" * len(cols)]
+    for method, mine in records.items():
+        if method == reference:
+            continue
+        cells = []
+        for b, g in cols:
+            pick = lambda rs: {r["item"]: r["correct"] for r in rs if r["benchmark"] == b and in_group(r, g)}  # noqa: E731
+            theirs, ours = pick(ref), pick(mine)
+            d = paired_difference([ours[i] for i in theirs], [theirs[i] for i in theirs])
+            cells.append(f"{d.delta:+.2f} [{d.low:+.2f}, {d.high:+.2f}], p {d.p_value:.2g}")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def rows_mean(values: Sequence[float]) -> float:
     return sum(values) / max(len(values), 1)
 

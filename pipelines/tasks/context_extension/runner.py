@@ -15,10 +15,11 @@ from pipelines import wandb_log
 from pipelines.result_files import write_csv, write_json_once
 from pipelines.run_dirs import claim_run_dir, is_rank_zero
 from pipelines.tasks.context_extension.checks import validate
-from pipelines.tasks.multiple_choice import FIELDS as MC_FIELDS, metric_name
+from pipelines.tasks.multiple_choice import FIELDS as MC_FIELDS, metric_name, summary, write_records
 from pipelines.tasks.context_extension.data import describe, load_data
 from pipelines.tasks.context_extension.report import (
-    PASSKEY_FIELDS, PPL_FIELDS, multiple_choice_table, passkey_table, perplexity_table, plot_passkey,
+    PASSKEY_FIELDS, PPL_FIELDS, multiple_choice_table, paired_table, passkey_table, perplexity_table,
+    plot_passkey,
 )
 from pipelines.tasks.context_extension.stages import (
     base_stage, evaluate_stage, passkey_check, recipe_stage,
@@ -89,7 +90,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: Path) -> dict[str, Any]:
     """Evaluate every saved model (base first); write the CSVs, tables.md and passkey.png."""
     metrics: dict[str, Any] = {}
-    ppl_rows, key_rows, choice_rows = [], [], []
+    ppl_rows, key_rows, choice_rows, choice_records = [], [], [], {}
     dtype, device = DTYPES[cfg.eval.dtype], eval_device(cfg)
     for method, path in trained.items():
         t = time.perf_counter()
@@ -98,11 +99,12 @@ def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: 
         del model
         ppl_rows.extend(p)
         key_rows.extend(k)
-        choice_rows.extend(c)
+        choice_records[method] = c
+        choice_rows.extend({"method": method, **r} for r in summary(c))
         metrics[f"time_eval_{method}_s"] = time.perf_counter() - t
         metrics.update({f"ppl_{r['corpus']}_{r['length']}_{method}": r["perplexity"] for r in p})
         metrics.update({f"passkey_{r['target_tokens']}_{method}": r["accuracy"] for r in k})
-        metrics.update({f"{metric_name(r, 'acc')}_{method}": r["acc"] for r in c})
+        metrics.update({f"{metric_name(r, 'acc')}_{method}": r["acc"] for r in choice_rows if r["method"] == method})
         if method == "base":
             metrics.update(_base_check(cfg, k))
     write_csv(ppl_rows, PPL_FIELDS, run_dir / "perplexity.csv")
@@ -112,7 +114,11 @@ def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: 
               f"(mean))\n\n{passkey_table(key_rows)}\n")
     if choice_rows:
         write_csv(choice_rows, ["method", *MC_FIELDS], run_dir / "multiple_choice.csv")
+        write_records([r for c in choice_records.values() for r in c], run_dir / "multiple_choice_items.jsonl")
         tables += f"\n## MMLU / ARC accuracy (%, ± standard error; Table 9)\n\n{multiple_choice_table(choice_rows)}\n"
+        if "base" in choice_records and len(choice_records) > 1:
+            tables += ("\n## MMLU / ARC, each model - base on the same items (points [95 % CI], McNemar p)"
+                       f"\n\n{paired_table(choice_records, 'base')}\n")
     with open(run_dir / "tables.md", "x") as f:
         f.write(tables)
     plot_passkey(key_rows, run_dir / "passkey.png",

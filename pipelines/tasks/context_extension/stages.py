@@ -273,9 +273,9 @@ def multiple_choice_task_config(cfg: DictConfig) -> DictConfig | None:
 
 def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module, data: ExtensionData
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(perplexity rows, passkey rows, MMLU / ARC rows) of one model, through the
+    """(perplexity rows, passkey rows, MMLU / ARC item records) of one model, through the
     task=perplexity, task=passkey and task=multiple_choice evaluations (the same code as
-    ``pipelines.evaluate ... task=passkey``); no MMLU / ARC rows without eval.multiple_choice_dir."""
+    ``pipelines.evaluate ... task=passkey``); no MMLU / ARC records without eval.multiple_choice_dir."""
     from pipelines.tasks import multiple_choice, passkey, perplexity
 
     e = cfg.eval
@@ -292,8 +292,8 @@ def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module, data: Extensi
         log.info("%s passkey <=%d tokens: %.2f", method, keys[-1]["target_tokens"], r["accuracy"])
     choice = []
     if (mc_cfg := multiple_choice_task_config(cfg)) is not None:
-        choice = [{"method": method, **r} for r in multiple_choice.rows(model, mc_cfg, _tokenizer(data))]
-    for r in choice:
+        choice = [{"method": method, **r} for r in multiple_choice.records(model, mc_cfg, _tokenizer(data))]
+    for r in multiple_choice.summary(choice):
         log.info("%s %s %s acc %.2f", method, r["benchmark"], r["group"], r["acc"])
     return ppl, keys, choice
 
