@@ -8,7 +8,8 @@ import torch
 
 from model_helpers import randomize, tiny_config
 from tape.model import DecoderLM
-from tape.pe.base import Yarn, inverse_frequencies
+import tape.pe
+from tape.pe.base import RotaryOptions, Yarn, inverse_frequencies
 from tape.pe.rope import rope_table, yarn_frequencies, yarn_magnitude
 
 CPU = torch.device("cpu")
@@ -55,8 +56,16 @@ def test_table_magnitude_and_factor_one_is_plain_rope():
     assert DecoderLM(rope).pe.opts.yarn() is None
 
 
-@pytest.mark.parametrize("pe", ["rope", "tape", "prope", "xpos", "randpe"])
+ROTARY_OPTIONS = [pe for pe in tape.pe.names() if issubclass(tape.pe.get(pe).Options, RotaryOptions)]
+
+
+def test_the_rotary_encodings_are_found():
+    assert {"rope", "tape", "prope", "xpos", "randpe"} <= set(ROTARY_OPTIONS)
+
+
+@pytest.mark.parametrize("pe", ROTARY_OPTIONS)
 def test_every_rotary_encoding_reads_the_option(pe):
+    """Every encoding that has the option uses it (none accepts it and ignores it)."""
     torch.manual_seed(0)
     model = randomize(DecoderLM(tiny_config(pe)), seed=1).eval()
     yarn = DecoderLM(tiny_config(pe, rope_yarn_factor=4.0, rope_yarn_original_length=8)).eval()
