@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipelines.config_checks import is_number, require_bool, require_int
 from pipelines.errors import PipelineConfigError
+from pipelines.hydra_conf import CONF_DIR
 from pipelines.precision import training_precision
 from pipelines.tasks.context_extension.data import check_inputs
 from tape.hf_names import DTYPES, RECIPES
@@ -30,10 +31,19 @@ def recipe_spec(cfg: DictConfig, name: str) -> tuple[str, dict[str, Any]]:
     return str(options.pop("recipe", name)), options
 
 
+def multiple_choice_task_config(cfg: DictConfig) -> DictConfig | None:
+    """task=multiple_choice's settings from the ``eval`` section; None when it names no data."""
+    e = cfg.eval
+    if not e.get("multiple_choice_dir"):
+        return None
+    values = {"data_dir": str(e.multiple_choice_dir), "tokenizer": "context extension",
+              "benchmarks": list(e.multiple_choice_benchmarks), "max_items": e.get("multiple_choice_max_items")}
+    return OmegaConf.merge(OmegaConf.load(CONF_DIR / "task" / "multiple_choice.yaml"), values)
+
+
 def _check_multiple_choice(cfg: DictConfig) -> None:
     """eval.multiple_choice_dir's files and eval.multiple_choice_max_items are usable (before any training)."""
     from pipelines.tasks import multiple_choice
-    from pipelines.tasks.context_extension.stages import multiple_choice_task_config
 
     mc_cfg = multiple_choice_task_config(cfg)
     if mc_cfg is not None:

@@ -40,7 +40,7 @@ from pipelines.callbacks import OneLineModelSummary
 from pipelines.errors import PipelineConfigError
 from pipelines.hydra_conf import CONF_DIR
 from pipelines.run_dirs import is_rank_zero
-from pipelines.tasks.context_extension.checks import plain, recipe_spec
+from pipelines.tasks.context_extension.checks import multiple_choice_task_config, plain, recipe_spec
 from pipelines.tasks.context_extension.data import ExtensionData, mixed_batches
 from tape.data.passkey import garbage_for_tokens
 from tape.hf.io import build_llama, enable_checkpointing, is_saved_model, load_model, save_model
@@ -262,15 +262,6 @@ def _tokenizer(data: ExtensionData) -> Any:
 
 
 # ---------------------------------------------------------------------------- evaluation
-def multiple_choice_task_config(cfg: DictConfig) -> DictConfig | None:
-    """task=multiple_choice's settings from the ``eval`` section; None when it names no data."""
-    e = cfg.eval
-    if not e.get("multiple_choice_dir"):
-        return None
-    return task_config("multiple_choice", data_dir=str(e.multiple_choice_dir), tokenizer="context extension",
-                       benchmarks=list(e.multiple_choice_benchmarks), max_items=e.get("multiple_choice_max_items"))
-
-
 def evaluate_stage(cfg: DictConfig, method: str, model: nn.Module, data: ExtensionData
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(perplexity rows, passkey rows, MMLU / ARC item records) of one model, through the
