@@ -219,3 +219,26 @@ def test_the_paired_table_compares_each_model_with_the_reference_item_by_item():
     cells = [c.strip() for c in table[2].split("|")[2:-1]]
     assert [c.split(" ")[0] for c in cells] == ["+50.00", "+50.00", "+50.00"]
     assert cells[2].endswith("p 0.5")  # 2 items only TAPE got right: 2 x (1/2)^2
+
+
+def test_the_hub_writer_makes_the_files_the_task_reads_and_keeps_existing_ones(tmp_path, monkeypatch):
+    import tape.data.hub
+    import tape.data.multiple_choice as data
+
+    asked = []
+
+    def rows(benchmark, split):
+        asked.append((benchmark, split))
+        yield {"question": f"{benchmark} {split}", "choices": ["a", "b"], "answer": 1, "subject": "virology"}
+
+    monkeypatch.setattr(data, "hub_rows", rows)
+    monkeypatch.setattr(tape.data.hub, "hub_usable", lambda: False)
+    with pytest.raises(MultipleChoiceDataError, match="hub cannot be reached"):
+        data.write_benchmarks(tmp_path)
+    monkeypatch.setattr(tape.data.hub, "hub_usable", lambda: True)
+    (tmp_path / "arc_easy").mkdir()
+    (tmp_path / "arc_easy" / "test.jsonl").write_text("kept\n")
+    written = data.write_benchmarks(tmp_path)
+    assert len(written) == 5 and (tmp_path / "arc_easy" / "test.jsonl").read_text() == "kept\n"
+    assert ("mmlu", "dev") in asked and ("arc_challenge", "train") in asked and ("arc_easy", "test") not in asked
+    assert read_items(tmp_path, "mmlu", "fewshot")[0] == Item("mmlu dev", ("a", "b"), 1, "virology")

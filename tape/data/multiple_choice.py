@@ -182,7 +182,7 @@ def arc_row(row: Mapping[str, Any]) -> dict[str, Any]:
             "answer": labels.index(row["answerKey"])}
 
 
-HUB_SPLITS = {"test": "test", "fewshot": "dev"}  # MMLU's split per file; ARC's few-shot is train
+FEWSHOT_SPLIT = {"mmlu": "dev", "arc_challenge": "train", "arc_easy": "train"}  # the hub split of fewshot.jsonl
 
 
 def write_benchmarks(out: Path, benchmarks: Sequence[str] = BENCHMARKS) -> list[Path]:
@@ -194,8 +194,7 @@ def write_benchmarks(out: Path, benchmarks: Sequence[str] = BENCHMARKS) -> list[
                                       "run this where it can, then copy the files")
     written = []
     for benchmark in benchmarks:
-        for file, split in HUB_SPLITS.items():
-            split = "train" if benchmark != "mmlu" and file == "fewshot" else split
+        for file, split in (("test", "test"), ("fewshot", FEWSHOT_SPLIT[benchmark])):
             path = benchmark_file(out, benchmark, file)
             if path.exists():
                 continue

@@ -51,8 +51,8 @@ def _check_multiple_choice(cfg: DictConfig) -> None:
             multiple_choice.check(mc_cfg)
         except PipelineConfigError as err:
             message = str(err)
-            for key in ("data_dir", "benchmarks", "max_items"):
-                message = message.replace(f"task.{key}", f"eval.multiple_choice_{key}".replace("_data_dir", "_dir"))
+            for ours, theirs in (("data_dir", "dir"), ("benchmarks", "benchmarks"), ("max_items", "max_items")):
+                message = message.replace(f"task.{ours}", f"eval.multiple_choice_{theirs}")
             raise PipelineConfigError(message) from None
 
 

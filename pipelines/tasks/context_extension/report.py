@@ -68,8 +68,8 @@ def paired_table(records: dict[str, list[dict[str, Any]]], reference: str) -> st
             continue
         cells = []
         for b, g in cols:
-            pick = lambda rs: {r["item"]: r["correct"] for r in rs if r["benchmark"] == b and in_group(r, g)}  # noqa: E731
-            theirs, ours = pick(ref), pick(mine)
+            theirs = {r["item"]: r["correct"] for r in ref if r["benchmark"] == b and in_group(r, g)}
+            ours = {r["item"]: r["correct"] for r in mine if r["benchmark"] == b and in_group(r, g)}
             d = paired_difference([ours[i] for i in theirs], [theirs[i] for i in theirs])
             cells.append(f"{d.delta:+.2f} [{d.low:+.2f}, {d.high:+.2f}], p {d.p_value:.2g}")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")

@@ -15,7 +15,6 @@ from pipelines import wandb_log
 from pipelines.result_files import write_csv, write_json_once
 from pipelines.run_dirs import claim_run_dir, is_rank_zero
 from pipelines.tasks.context_extension.checks import validate
-from pipelines.tasks.multiple_choice import FIELDS as MC_FIELDS, metric_name, summary, write_records
 from pipelines.tasks.context_extension.data import describe, load_data
 from pipelines.tasks.context_extension.report import (
     PASSKEY_FIELDS, PPL_FIELDS, multiple_choice_table, paired_table, passkey_table, perplexity_table,
@@ -24,6 +23,7 @@ from pipelines.tasks.context_extension.report import (
 from pipelines.tasks.context_extension.stages import (
     base_stage, evaluate_stage, passkey_check, recipe_stage,
 )
+from pipelines.tasks.multiple_choice import FIELDS as MC_FIELDS, metric_name, summary, write_records
 from tape.hf.io import load_model
 from tape.hf_names import DTYPES
 
