@@ -189,7 +189,7 @@ def test_max_items_spreads_over_the_file(tmp_path):
 def test_paired_difference_against_scipy(seed):
     from scipy.stats import binomtest
 
-    from tape.metrics.multiple_choice import paired_difference
+    from tape.report.paired import paired_difference
 
     gen = torch.Generator().manual_seed(seed)
     a = (torch.rand(300, generator=gen) < 0.55).tolist()

@@ -90,31 +90,3 @@ def accuracy(correct: Sequence[bool]) -> tuple[float, float]:
     stderr = math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else math.nan
     return 100 * p, 100 * stderr
 
-
-@dataclass(frozen=True)
-class PairedDifference:
-    """Model a - model b on the same items: accuracy difference (points) with its 95 % interval
-    and McNemar's exact two-sided p over the items only one model got right."""
-
-    delta: float
-    low: float
-    high: float
-    p_value: float
-    items: int
-
-
-def paired_difference(a: Sequence[bool], b: Sequence[bool]) -> PairedDifference:
-    """``a`` and ``b``: each item's outcome under two models, in the same order. The interval is
-    the normal one of the mean per-item difference (thousands of items here)."""
-    if len(a) != len(b) or not a:
-        raise ValueError(f"paired outcomes need the same items: {len(a)} and {len(b)}")
-    n = len(a)
-    d = [int(x) - int(y) for x, y in zip(a, b)]
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else math.nan
-    half = 1.959964 * sd / math.sqrt(n)
-    only_a, only_b = d.count(1), d.count(-1)
-    m = only_a + only_b
-    tail = sum(math.comb(m, i) for i in range(min(only_a, only_b) + 1))
-    p = min(1.0, 2 * tail / (1 << m)) if m else 1.0
-    return PairedDifference(100 * mean, 100 * (mean - half), 100 * (mean + half), p, n)

@@ -167,6 +167,31 @@ def fisher_pvalue(k1: int, n1: int, k2: int, n2: int) -> float:
     return float(stats.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue)
 
 
+@dataclass(frozen=True)
+class PairedDifference:
+    """Model a - model b on the same items: accuracy difference (points) with its 95 % interval
+    and McNemar's exact two-sided p over the items only one model got right."""
+
+    delta: float
+    low: float
+    high: float
+    p_value: float
+    items: int
+
+
+def paired_difference(a: Sequence[bool], b: Sequence[bool]) -> PairedDifference:
+    """``a`` and ``b``: each item's outcome under two models, in the same order. The interval is
+    the normal one of the mean per-item difference (thousands of items, e.g. MMLU's)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired outcomes need the same items: {len(a)} and {len(b)}")
+    d = np.array(a, dtype=float) - np.array(b, dtype=float)
+    n, mean = len(d), float(d.mean())
+    sd = float(d.std(ddof=1)) if n > 1 else math.nan
+    half = float(stats.norm.ppf(0.975)) * sd / math.sqrt(n)
+    p = mcnemar_pvalue(int((d > 0).sum()), int((d < 0).sum()))
+    return PairedDifference(100 * mean, 100 * (mean - half), 100 * (mean + half), p, n)
+
+
 def mcnemar_pvalue(only_treatment: int, only_baseline: int) -> float:
     """Exact two-sided McNemar test on paired seeds: of the discordant pairs (one arm succeeded,
     the other not), is the split unlike a fair coin's? 1.0 without discordant pairs."""

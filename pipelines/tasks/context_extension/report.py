@@ -55,9 +55,9 @@ def multiple_choice_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def paired_table(records: dict[str, list[dict[str, Any]]], reference: str) -> str:
     """Markdown: per model other than ``reference``, per benchmark and group, its accuracy minus
-    the reference's on the same items (``tape.metrics.multiple_choice.paired_difference``)."""
+    the reference's on the same items (``tape.report.paired.paired_difference``)."""
     from pipelines.tasks.multiple_choice import groups, in_group
-    from tape.metrics.multiple_choice import paired_difference
+    from tape.report.paired import paired_difference
 
     ref = records[reference]
     cols = [(b, g) for b in dict.fromkeys(r["benchmark"] for r in ref) for g in groups(b)
