@@ -362,7 +362,7 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     assert by_name["C4-tape_rowsum"].seeds == tuple(range(6))
     compute = by_name["C2-rope_pretrain_compute"]  # only described: describe_seeds
     assert compute.seeds == (0, 1) and compute.tier == 1
-    assert by_name["C3-nope"].seeds == (0, 1) and by_name["C3+C3c+C3s+C3d-tape"].seeds == tuple(range(16))
+    assert by_name["C3-nope"].seeds == (0, 1) and by_name["C3+C3c+C3s+C3d+C3sc+C3dc-tape"].seeds == tuple(range(24))
     assert "trainer.max_steps=550" in compute.overrides and "trainer.max_steps=500" not in compute.overrides
     assert "trainer.max_steps=500" in by_name["C2-rope"].overrides
     assert all(s.match.get("paired_init") is True for s in steps)

@@ -80,7 +80,7 @@ def build(ctx: Context, scale: str) -> Section:
         notes=["Ours only (Liu et al. 2023's task; the TAPE paper has none). Read error = share of "
                "the bits after 'r' predicted wrong, teacher-forced. Sparsity: in_dist = the training "
                "P(ignore), sparse = 0.98, dense = 0.1. Mean ± sample std over seeds. Claims C3, C3c "
-               "and C3g read the last column of in_dist, C3s of sparse, C3d of dense."],
+               "and C3g read the last column of in_dist, C3s and C3sc of sparse, C3d and C3dc of dense."],
         digits=3,
         provenance=section_provenance(finished, ctx),
     )
