@@ -34,10 +34,19 @@ def compose_config(config_name: str, overrides: list[str]) -> DictConfig:
     return cfg
 
 
+def absolute_pythonpath(value: str, base: Path) -> str:
+    """``value`` (a PYTHONPATH) with each relative entry made absolute against ``base``."""
+    return os.pathsep.join(str((base / p).resolve()) if p and not os.path.isabs(p) else p
+                           for p in value.split(os.pathsep))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``make test`` runs ``-n auto``), each worker gets its share of the
     cores, and so do the processes its tests start (through OMP_NUM_THREADS), so that no thread
-    pool oversubscribes the machine."""
+    pool oversubscribes the machine. Tests that start commands in another folder keep a relative
+    PYTHONPATH (``PYTHONPATH=. pytest`` without ``make install``) pointing where it pointed."""
+    if os.environ.get("PYTHONPATH"):
+        os.environ["PYTHONPATH"] = absolute_pythonpath(os.environ["PYTHONPATH"], Path.cwd())
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         import torch
