@@ -262,7 +262,8 @@ def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None) -
     and ``minutes`` a run of its experiment takes. An arm two claims share (pretrain/cpu TAPE: C2
     and C4) runs once, at the union of seeds. Each positive control of a claim (``controls``)
     is a step of its own per arm, ``<claim>-<arm>-control-<values>``, at the arm's seeds and tier:
-    a seed's pair counts only once its controls have run."""
+    a seed's pair counts only once its controls have run. Arms that are methods of one run
+    (``Arm.method``) share one step, ``<claim>-recipes``, of plain runs (``single``: no ``pe=``)."""
     minutes = minutes or {}
     steps: dict[tuple[str, ...], Step] = {}
     for claim in cfg.claims:
@@ -270,7 +271,10 @@ def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None) -
             arm = cfg.arms[name]
             tier = 0 if name in claim.primary else 1
             seeds = claim.arm_seeds(name, cfg.describe_seeds)
-            runs: list[tuple[str, tuple[str, ...], Mapping[str, Any]]] = [(name, (claim.experiment, name), {})]
+            # arms scored inside one run (methods: context extension's recipes) share its step
+            own = (name, (claim.experiment, name)) if not arm.method else (
+                "recipes", (claim.experiment, arm.pe, repr(sorted(claim.values(arm).items()))))
+            runs: list[tuple[str, tuple[str, ...], Mapping[str, Any]]] = [(*own, {})]
             for control in claim.controls.settings if claim.controls else ():
                 label = "-".join(f"{k.rsplit('.', 1)[-1]}={_override(v)}" for k, v in control.items())
                 runs.append((f"{name}-control-{label}", (claim.experiment, name, repr(sorted(control.items()))),
@@ -279,7 +283,8 @@ def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None) -
                 if key in steps:
                     old = steps[key]
                     ids, arm_name = old.name.split("-", 1)
-                    steps[key] = replace(old, name=f"{ids}+{claim.id}-{arm_name}", tier=min(old.tier, tier),
+                    ids = ids if claim.id in ids.split("+") else f"{ids}+{claim.id}"  # a claim's second recipe
+                    steps[key] = replace(old, name=f"{ids}-{arm_name}", tier=min(old.tier, tier),
                                          seeds=tuple(sorted({*old.seeds, *seeds})))
                     continue
                 values = claim.values(arm, control)  # the arm's own values win (compute-matched arms)
@@ -287,7 +292,7 @@ def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None) -
                     name=f"{claim.id}-{label}", entry="pipelines.train", experiment=claim.experiment,
                     pes=(arm.pe,), seeds=seeds,
                     overrides=tuple(f"{k}={_override(v)}" for k, v in values.items()),
-                    match={**cfg.require, **values}, tier=tier,
+                    match={**cfg.require, **values}, tier=tier, single=bool(arm.method),
                     minutes=minutes.get(claim.experiment, 0.0))
     return list(steps.values())
 

@@ -503,3 +503,62 @@ def test_a_record_older_than_an_option_pools_with_its_former_value_only(tmp_path
     assert groups["tape"].seeds == [0, 1, 2] and {r.metrics["ppl_1x"] for r in groups["tape"].finished} == {90.0, 91.0}
     apart = [g for name, g in groups.items() if name != "tape"]
     assert len(apart) == 1 and apart[0].seeds == [0, 1] and "tape_equivariant=False" in apart[0].differs
+
+
+RECIPES = ("tape", "tape_mix", "lora", "longlora", "theta")
+
+
+def extension_metrics(books: dict[str, float]) -> dict:
+    """A context-extension run's metrics.json: every recipe's perplexity and passkey keys."""
+    out: dict = {"task": "context_extension"}
+    for method, ppl in books.items():
+        out |= {f"ppl_books_512_{method}": ppl, f"ppl_stdlib_512_{method}": 10 * ppl,
+                f"passkey_512_{method}": 0.5}
+    return out
+
+
+def test_recipes_of_one_run_are_arms_that_pair_by_seed(tmp_path: Path) -> None:
+    """C7 reads each recipe's keys from the same context-extension run: TAPE 5 % below LoRA's
+    perplexity at every planned seed (1-8); seed 0, seen before C7 was registered, is not read."""
+    runs = tmp_path / "runs"
+    for seed in range(9):
+        lora = 60.0 + seed
+        books = {m: lora for m in RECIPES} | {"tape": lora * (0.95 if seed else 2.0), "theta": lora * 1.01}
+        make_run(runs, "context_extension/cpu", "llama", seed, f"20261206-2100{seed:02d}-ffffff-0",
+                 extension_metrics(books), {"task": {"name": "context_extension"}, "pe": {"name": "llama"},
+                                            "paired_init": True})
+    render(runs, tmp_path / "results")
+    every = [r for r in csv.DictReader(open(tmp_path / "results" / "tables" / "claims_all.csv"))
+             if r["comparison (Δ = first - second)"] and "LoRA" in r["comparison (Δ = first - second)"]]
+    c7 = rows(tmp_path / "results" / "tables" / "claims_all.csv")["C7"]
+    assert c7["n paired seeds (planned)"] == "8 (planned 8)"
+    assert c7["effect Δ [95 % CI]"].startswith(f"Δ {np.log(0.95):+.3f} [")  # ln(0.95) = -0.051 at every seed
+    assert c7["verdict"].startswith("**better**") and c7["comparison (Δ = first - second)"].startswith(
+        "TAPE (official recipe) - LoRA")
+    answer = rows(tmp_path / "results" / "tables" / "claims.csv")["C7"]["answer at this scale"]
+    assert answer.startswith("TAPE (official recipe) better than LoRA")
+    assert any("mixing post map" in r["comparison (Δ = first - second)"] for r in every)  # described beside
+    arms = [r for r in csv.DictReader(open(tmp_path / "results" / "tables" / "claims_arms.csv"))
+            if r["claim"] == "C7"]
+    tape = next(r for r in arms if r["arm"] == "TAPE (official recipe)")
+    assert tape["seeds"] == "1, 2, 3, 4, 5, 6, 7, 8" and "ppl_stdlib_512_tape: " in tape[ARM_ALSO]
+
+
+ARM_ALSO = "beside it (mean ± sd [min, max] over the same seeds)"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda raw: raw["arms"]["ext_lora"].pop("method"),
+     r"claim C7: arms .* mix recipes scored inside one run .* give every arm a method, or none"),
+    (lambda raw: raw["metrics"]["nll_books_extended"].update(of=["ppl_books_512_tape"]),
+     r"claim C7: its arms are methods, so metric 'nll_books_extended' must read keys that name \{method\}"),
+    (lambda raw: raw["claims"][0].update(also=["ppl_books_512_{method}"]),
+     r"claim C1: a key names \{method\} but no arm has a method"),
+])
+def test_method_arms_are_checked_when_the_claims_load(tmp_path: Path, edit, message: str) -> None:
+    raw = yaml.safe_load(CLAIMS_FILE.read_text())
+    edit(raw)
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=message):
+        load_claims(path)

@@ -47,12 +47,14 @@ def test_the_paper_effects_follow_from_the_data_file() -> None:
     fig6 = paper_number("addition.fig6.values")
     table6 = paper_number("ablation.table6.values")
     symmetry = paper_number("ablation.table6_symmetry.values")
+    table2 = paper_number("context_extension.table2.values")
     expected = {
         "C1": round((fig2["tape"] - fig2["rope"]) / 0.75, 1),  # whole-grid mean -> OOD cells (75 %)
         "C1g": round(fig2["tape"] - fig2["rope"], 1),  # the paper's own metric
         "C1y": round((fig6["tape_yarn"] - fig6["tape"]) / 0.75, 1),
         "C2": round(math.log(table6["tape"][0] / table6["neither"][0]), 4),  # perplexity -> nats
         "C2e": round(math.log(symmetry["tape"][0] / symmetry["neither"][0]), 4),
+        "C7": round(math.log(table2["tape"]["pg19"][3] / table2["lora"]["pg19"][3]), 4),  # 8,192 tokens
     }
     deltas = {c.id: c.paper_delta for c in load_claims().claims if c.paper_delta is not None}
     assert deltas == expected

@@ -93,3 +93,14 @@ def test_reproduce_says_what_is_wrong_with_a_profile(plan_dir: Path) -> None:
     message = r"pipelines.reproduce: .*cpu.yaml: unknown key 'minuets': did you mean 'minutes'"
     with pytest.raises(SystemExit, match=message):
         reproduce.main(["--profile", "cpu", "--dry-run"])
+
+
+def test_recipes_of_one_run_are_one_plain_step(tmp_path: Path) -> None:
+    """C7's arms are recipes of each context-extension run: one step runs each seed once,
+    without pe= (the preset has no PE group), and counts the runs it finds."""
+    from pipelines.reproduce import commands
+
+    (step,) = [s for s in plan("cpu", runs_dir=tmp_path, only=["C7"])]
+    assert step.name == "C7-recipes" and step.single and step.pes == ("llama",)
+    assert step.seeds == tuple(range(1, 9)) and step.minutes == 19.0
+    assert commands(step)[0] == ["python", "-m", "pipelines.train", "experiment=context_extension/cpu", "seed=1"]

@@ -35,21 +35,36 @@ from tape.report.tables import Table, to_markdown
 CLAIMS_FILE = Path(__file__).resolve().parents[2] / "conf" / "claims.yaml"
 
 
+METHOD = "{method}"  # in a metric's keys: the arm's method (a recipe scored inside each run)
+
+
 @dataclass(frozen=True)
 class Arm:
-    """A PE plus the resolved-config values (dotted keys) its runs must have."""
+    """A PE plus the resolved-config values (dotted keys) its runs must have; an arm with a
+    ``method`` is one recipe of runs that score several (context extension: tape, lora, ...),
+    read from the metric keys that name ``{method}``, so its seeds pair with the other recipes'
+    of the same runs."""
 
     name: str
     pe: str
     match: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
+    method: str = ""
 
     @property
     def title(self) -> str:
-        return self.label or display(self.pe)
+        return self.label or display(self.method or self.pe)
 
     def matches(self, run: Run, require: Mapping[str, Any]) -> bool:
         return run.pe == self.pe and has_values(run.pe, run.config(), {**require, **self.match})
+
+    def key(self, key: str) -> str:
+        """A metrics.json key as this arm reads it (``ppl_books_512_{method}`` -> ``..._tape``)."""
+        return key.replace(METHOD, self.method)
+
+    def metric(self, spec: MetricSpec) -> MetricSpec:
+        """``spec`` reading this arm's keys."""
+        return replace(spec, of=tuple(self.key(k) for k in spec.of or (spec.key,))) if self.method else spec
 
 
 Pair = tuple[str, str]
@@ -165,8 +180,8 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
                              of=tuple(v.get("of") or ()), transform=v.get("transform", ""))
                for k, v in raw["metrics"].items()}
     alpha = float(raw.get("alpha", 0.05))
-    arms = {k: Arm(name=k, pe=v["pe"], match=dict(v.get("match") or {}), label=v.get("label", ""))
-            for k, v in raw["arms"].items()}
+    arms = {k: Arm(name=k, pe=v["pe"], match=dict(v.get("match") or {}), label=v.get("label", ""),
+                   method=v.get("method", "")) for k, v in raw["arms"].items()}
     claims = []
     for c in raw["claims"]:
         pairs = [tuple(c["primary"]), *(tuple(p) for p in c.get("secondary") or [])]
@@ -194,6 +209,7 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
         if c["metric"] not in metrics:
             raise ValueError(f"{path}: claim {c['id']}: metric {c['metric']!r} is not under 'metrics' "
                              f"({sorted(metrics)})")
+        _check_methods(c, metrics[c["metric"]], [arms[a] for pair in (*pairs, *described) for a in pair], path)
         try:  # the paper's numbers the claim quotes, by their key in conf/paper_numbers.yaml
             quoted = {key: paper_number(key) for key in c.get("paper_numbers") or []}
         except KeyError as err:
@@ -216,6 +232,23 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
     return ClaimsConfig(alpha=alpha, metrics=metrics, arms=arms, claims=tuple(claims),
                         require=dict(raw.get("require") or {}),
                         describe_seeds=int(raw.get("describe_seeds", 2)))
+
+
+def _check_methods(c: Mapping[str, Any], metric: MetricSpec, arms: list[Arm], path: str | Path) -> None:
+    """A claim's arms are all methods of one kind of run, whose metric names ``{method}``, or
+    none is: else two arms would read the same number, or a key no run has."""
+    keys = (metric.key, *metric.of, *(c.get("also") or ()))
+    methods = {a.name: a.method for a in arms}
+    if any(methods.values()) and not all(methods.values()):
+        raise ValueError(f"{path}: claim {c['id']}: arms {sorted(methods)} mix recipes scored inside one run "
+                         f"(method: {sorted(n for n, m in methods.items() if m)}) with arms of their own "
+                         f"runs: give every arm a method, or none")
+    if any(methods.values()) and METHOD not in "".join(metric.of or (metric.key,)):
+        raise ValueError(f"{path}: claim {c['id']}: its arms are methods, so metric {metric.key!r} must read "
+                         f"keys that name {METHOD} (metrics.{metric.key}.of), e.g. ppl_books_512_{METHOD}")
+    if not any(methods.values()) and any(METHOD in k for k in keys):
+        raise ValueError(f"{path}: claim {c['id']}: a key names {METHOD} but no arm has a method "
+                         f"(arms.<name>.method)")
 
 
 def _controls(c: Mapping[str, Any], arms: Mapping[str, Arm], path: str | Path) -> Controls | None:
@@ -267,15 +300,17 @@ def arm_values(runs: list[Run], arm: Arm, experiment: str, metric: MetricSpec,
     """{seed: value} of the newest finished run per seed of ``arm`` in ``experiment`` (only
     ``seeds`` when given), and those runs."""
     finished = arm_finished(runs, arm, experiment, require, seeds)
-    values = {r.seed: v for r in finished if (v := metric.value(r.metrics or {})) is not None}
+    values = {r.seed: v for r in finished if (v := arm.metric(metric).value(r.metrics or {})) is not None}
     return values, [r for r in finished if r.seed in values]
 
 
-def is_valid(run: Run, valid: Mapping[str, float]) -> bool:
+def is_valid(run: Run, valid: Mapping[str, float], arm: Arm | None = None) -> bool:
     """Whether a run reached every threshold of its claim's ``valid`` (e.g. in-distribution
-    accuracy >= 95 %: a model that has not learnt the task says nothing about generalisation)."""
+    accuracy >= 95 %: a model that has not learnt the task says nothing about generalisation),
+    with ``arm``'s method in keys that name one."""
     metrics = run.metrics or {}
-    return all(isinstance(metrics.get(k), (int, float)) and float(metrics[k]) >= v for k, v in valid.items())
+    keys = {(arm.key(k) if arm else k): v for k, v in valid.items()}
+    return all(isinstance(metrics.get(k), (int, float)) and float(metrics[k]) >= v for k, v in keys.items())
 
 
 @dataclass
@@ -312,7 +347,7 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
         used += found
         arm_runs[name] = found
         nonfinite[name] = {s for s, v in values[name].items() if not math.isfinite(v)}  # e.g. a diverged run
-        invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid)} - nonfinite[name]
+        invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid, cfg.arms[name])} - nonfinite[name]
         failed[name], missing[name], control_runs[name] = control_results(claim, cfg.arms[name], runs, require,
                                                                           set(values[name]))
         used += [r for rs in control_runs[name].values() for r in rs]
@@ -562,6 +597,7 @@ def arm_table_rows(result: ClaimResult, cfg: ClaimsConfig) -> list[list[str]]:
             if key == STEPS_TO:
                 cells.append(f"{key}: {_steps_cell(runs)}")
                 continue
+            key = cfg.arms[name].key(key)
             vals = [float(r.metrics[key]) for r in runs
                     if isinstance((r.metrics or {}).get(key), (int, float))]
             if vals:
