@@ -512,8 +512,8 @@ def extension_metrics(books: dict[str, float]) -> dict:
     """A context-extension run's metrics.json: every recipe's perplexity and passkey keys."""
     out: dict = {"task": "context_extension"}
     for method, ppl in books.items():
-        out |= {f"ppl_books_512_{method}": ppl, f"ppl_stdlib_512_{method}": 10 * ppl,
-                f"passkey_512_{method}": 0.5}
+        out |= {f"ppl_books_{n}_{method}": ppl * 512 / n for n in (128, 256, 512)}
+        out |= {f"ppl_stdlib_512_{method}": 10 * ppl, f"passkey_512_{method}": 0.5}
     return out
 
 
@@ -542,6 +542,17 @@ def test_recipes_of_one_run_are_arms_that_pair_by_seed(tmp_path: Path) -> None:
             if r["claim"] == "C7"]
     tape = next(r for r in arms if r["arm"] == "TAPE (official recipe)")
     assert tape["seeds"] == "1, 2, 3, 4, 5, 6, 7, 8" and "ppl_stdlib_512_tape: " in tape[ARM_ALSO]
+    assert "figures/claim_c7.png" in (tmp_path / "results" / "claims_detail.md").read_text()
+
+
+def test_a_recipe_curve_reads_only_its_own_recipe() -> None:
+    from tape.report.claim_figures import METHOD_CURVES
+    from tape.report.runs import Run
+
+    curve_of = METHOD_CURVES["context_extension"][0]
+    run = Run(path=Path("x"), experiment="context_extension/cpu", pe="llama", seed=1,
+              metrics={"ppl_books_256_tape": 3.0, "ppl_books_512_tape": 4.0, "ppl_books_512_tape_mix": 9.0})
+    assert curve_of("tape")(run) == {256: 3.0, 512: 4.0} and curve_of("tape_mix")(run) == {512: 9.0}
 
 
 ARM_ALSO = "beside it (mean ± sd [min, max] over the same seeds)"

@@ -86,6 +86,11 @@ TASK_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
     "word_problem": (multiple_curve(r"token_accuracy_(\d+)x"), "evaluation length / training length",
                      "prefix-product token accuracy (%)", False),
 }
+# task -> the curve of one recipe (Arm.method) of runs that score several (C7: context extension)
+METHOD_CURVES: Mapping[str, tuple[Callable[[str], Callable[[Run], Curve]], str, str, bool]] = {
+    "context_extension": (lambda method: multiple_curve(rf"ppl_books_(\d+)_{re.escape(method)}"),
+                          "evaluation length (tokens)", "held-out books perplexity", False),
+}
 # a claim metric read from the same task another way (C1b: C1's addition runs, digit by digit)
 METRIC_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
     "ood_digit_accuracy": (grid_curve("digits_correct", "digits"), "digits of the longer operand",
@@ -128,21 +133,29 @@ def _draw(ax: Any, label: str, runs: list[Run], curve_of: Callable[[Run], Curve]
 
 def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, list[Run]],
                  task: str, train_length: int | None = None, metric: str = "",
-                 controls: Mapping[str, list[Run]] | None = None) -> Figure | None:
+                 controls: Mapping[str, list[Run]] | None = None,
+                 methods: Mapping[str, str] | None = None) -> Figure | None:
     """The figure of one claim (None when its task has no curve or no arm has a run); a
     ``metric`` of METRIC_CURVES picks its own curve, else the task's; ``controls`` (the arms'
-    positive-control runs) are drawn dashed."""
-    spec = METRIC_CURVES.get(metric) or TASK_CURVES.get(task)
-    if spec is None or not any(arms.values()):
+    positive-control runs) are drawn dashed; ``methods`` (arm title -> recipe) reads each arm's
+    recipe from the runs they share (METHOD_CURVES)."""
+    if methods:
+        recipe_curve, xlabel, ylabel, log = METHOD_CURVES.get(task) or (None, "", "", False)
+        curves = {label: recipe_curve(methods[label]) for label in arms} if recipe_curve else {}
+    else:
+        spec = METRIC_CURVES.get(metric) or TASK_CURVES.get(task)
+        curve_of, xlabel, ylabel, log = spec or (None, "", "", False)
+        curves = {label: curve_of for label in arms} if curve_of else {}
+    if not curves or not any(arms.values()):
         return None
-    curve_of, xlabel, ylabel, log = spec
     fig = MplFigure(figsize=(6.4, 4.0))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     ax.set_prop_cycle(color=COLOURS)
-    if not any([_draw(ax, label, runs, curve_of, log, "-") for label, runs in arms.items()]):
+    if not any([_draw(ax, label, runs, curves[label], log, "-") for label, runs in arms.items()]):
         return None
-    dashed = any([_draw(ax, label, runs, curve_of, log, "--") for label, runs in (controls or {}).items()])
+    any_curve = next(iter(curves.values()))  # controls are arms' runs of a task without recipes
+    dashed = any([_draw(ax, label, runs, any_curve, log, "--") for label, runs in (controls or {}).items()])
     if log:
         ax.set_yscale("log")
     if train_length is not None:

@@ -786,7 +786,8 @@ def build(ctx: Context, cfg: ClaimsConfig | None = None) -> ClaimsSection:
         train = _train_length(runs_, TRAIN_LENGTH_KEYS[task]) if task in TRAIN_LENGTH_KEYS else None
         controls = {f"{cfg.arms[name].title}, {label} (control)": runs
                     for name, by_setting in r.control_runs.items() for label, runs in by_setting.items()}
-        fig = claim_figure(ctx, r.claim.id, r.claim.title, arms, task, train, r.claim.metric, controls)
+        methods = {cfg.arms[name].title: cfg.arms[name].method for name in r.arm_runs if cfg.arms[name].method}
+        fig = claim_figure(ctx, r.claim.id, r.claim.title, arms, task, train, r.claim.metric, controls, methods)
         if fig is not None:
             figures.append(fig)
         if task == "pretrain" and (flops := flops_figure(ctx, r.claim.id, r.claim.title, arms)) is not None:
