@@ -102,5 +102,5 @@ def test_recipes_of_one_run_are_one_plain_step(tmp_path: Path) -> None:
 
     (step,) = [s for s in plan("cpu", runs_dir=tmp_path, only=["C7"])]
     assert step.name == "C7-recipes" and step.single and step.pes == ("llama",)
-    assert step.seeds == tuple(range(1, 9)) and step.minutes == 19.0
+    assert step.seeds == tuple(range(1, 9)) and step.minutes == 76.0
     assert commands(step)[0] == ["python", "-m", "pipelines.train", "experiment=context_extension/cpu", "seed=1"]
