@@ -593,6 +593,8 @@ def test_settings_differ_only_in_shared_keys_outside_the_ignored_ones() -> None:
     assert differences(changed, base) == {"optim.lr": 3e-3}
     newer = {**base, "trainer": {**base["trainer"], "num_nodes": 1}}  # an option added later
     assert same_setting(newer, base)
+    elsewhere = {**base, "data": {"data_dir": "/work/ce/data", "source": "books"}}  # another checkout
+    assert same_setting(elsewhere, {**base, "data": {"data_dir": "/work/runner2/data", "source": "books"}})
 
 
 def test_grouping_flattens_each_runs_config_once(tmp_path: Path, monkeypatch) -> None:

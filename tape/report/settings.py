@@ -19,7 +19,7 @@ NOT_SETTINGS: tuple[str, ...] = (
     "trainer.log_every_n_steps",
     "threads", "reuse_models", "models_dir",
     "task.eval.min_base_passkey",  # a reporting threshold: it flags a run, never changes one
-    "task.data_dir",  # where this checkout keeps the local corpus, not which corpus
+    "task.data_dir", "data.data_dir",  # where this checkout keeps the local corpus, not which corpus
     "task.pretrained_run",  # each seed's own pretraining run; its model and PE stay in model.*, pe.*
 )
 MAX_SHOWN = 3  # differing keys named in a label; the rest are counted
