@@ -565,6 +565,9 @@ ARM_ALSO = "beside it (mean ± sd [min, max] over the same seeds)"
      r"claim C7: its arms are methods, so metric 'nll_books_extended' must read keys that name \{method\}"),
     (lambda raw: raw["claims"][0].update(also=["ppl_books_512_{method}"]),
      r"claim C1: a key names \{method\} but no arm has a method"),
+    (lambda raw: next(c for c in raw["claims"] if c["id"] == "C7").update(
+        controls={"settings": [{"extend.steps": 40}], "valid": {"ppl_books_512_{method}": 0.0}}),
+     r"claim C7: its arms are recipes of one run, which has no control run of its own: remove `controls`"),
 ])
 def test_method_arms_are_checked_when_the_claims_load(tmp_path: Path, edit, message: str) -> None:
     raw = yaml.safe_load(CLAIMS_FILE.read_text())

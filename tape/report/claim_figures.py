@@ -139,23 +139,19 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     ``metric`` of METRIC_CURVES picks its own curve, else the task's; ``controls`` (the arms'
     positive-control runs) are drawn dashed; ``methods`` (arm title -> recipe) reads each arm's
     recipe from the runs they share (METHOD_CURVES)."""
-    if methods:
-        recipe_curve, xlabel, ylabel, log = METHOD_CURVES.get(task) or (None, "", "", False)
-        curves = {label: recipe_curve(methods[label]) for label in arms} if recipe_curve else {}
-    else:
-        spec = METRIC_CURVES.get(metric) or TASK_CURVES.get(task)
-        curve_of, xlabel, ylabel, log = spec or (None, "", "", False)
-        curves = {label: curve_of for label in arms} if curve_of else {}
-    if not curves or not any(arms.values()):
+    spec = METHOD_CURVES.get(task) if methods else METRIC_CURVES.get(metric) or TASK_CURVES.get(task)
+    if spec is None or not any(arms.values()):
         return None
+    curve_of, xlabel, ylabel, log = spec
+    curves = {label: curve_of(methods[label]) for label in arms} if methods else dict.fromkeys(arms, curve_of)
     fig = MplFigure(figsize=(6.4, 4.0))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     ax.set_prop_cycle(color=COLOURS)
     if not any([_draw(ax, label, runs, curves[label], log, "-") for label, runs in arms.items()]):
         return None
-    any_curve = next(iter(curves.values()))  # controls are arms' runs of a task without recipes
-    dashed = any([_draw(ax, label, runs, any_curve, log, "--") for label, runs in (controls or {}).items()])
+    # controls: only claims whose arms are not recipes (the claims loader refuses the others)
+    dashed = any([_draw(ax, label, runs, curve_of, log, "--") for label, runs in (controls or {}).items()])
     if log:
         ax.set_yscale("log")
     if train_length is not None:

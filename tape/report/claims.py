@@ -237,8 +237,11 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> ClaimsConfig:
 def _check_methods(c: Mapping[str, Any], metric: MetricSpec, arms: list[Arm], path: str | Path) -> None:
     """A claim's arms are all methods of one kind of run, whose metric names ``{method}``, or
     none is: else two arms would read the same number, or a key no run has."""
-    keys = (metric.key, *metric.of, *(c.get("also") or ()))
+    keys = (metric.key, *metric.of, *(c.get("also") or ()), *(c.get("valid") or ()))
     methods = {a.name: a.method for a in arms}
+    if any(methods.values()) and c.get("controls"):
+        raise ValueError(f"{path}: claim {c['id']}: its arms are recipes of one run, which has no control "
+                         f"run of its own: remove `controls`, or give arms of their own runs")
     if any(methods.values()) and not all(methods.values()):
         raise ValueError(f"{path}: claim {c['id']}: arms {sorted(methods)} mix recipes scored inside one run "
                          f"(method: {sorted(n for n, m in methods.items() if m)}) with arms of their own "
