@@ -23,7 +23,7 @@ KEYS: dict[str, frozenset[str]] = {  # what a profile, its claims and minutes, a
     "profile": frozenset({"description", "extends", "claims", "minutes", "scale", "print_only", "heading",
                           "steps", "then"}),
     "claims": frozenset({"profiles", "unlisted"}),
-    "minutes": frozenset({"measured", "note", "runs"}),
+    "minutes": frozenset({"measured", "note", "runs", "alone"}),
     "step": frozenset({"experiment", "entry", "encodings", "single", "overrides", "datasets", "after", "alone"}),
 }
 SWITCHES = frozenset({"print_only", "unlisted", "single", "alone"})  # true or false
@@ -47,7 +47,7 @@ class Step:
     unavailable: str = ""  # why the step cannot run here ("" = it can)
     done_file: Path | None = None  # for steps that write a file instead of a run directory
     wave: int = 0  # --jobs: a wave starts when every earlier wave has finished
-    alone: bool = False  # --jobs: run with every core and nothing beside it (timings)
+    alone: bool = False  # --jobs: run with every core and nothing beside it (timings; context extension)
     single: bool = False  # one plain run per seed, no PE sweep (context extension: pe is llama)
     match: Mapping[str, Any] = field(default_factory=dict)  # a claim arm: config values its runs have
     tier: int = 0  # --jobs: inside a wave, lower tiers first; claim arms run seed by seed
@@ -66,6 +66,7 @@ class Profile:
     description: str = ""
     claims: Mapping[str, Any] | None = None  # {profiles, unlisted}; None: runs no claim
     minutes: Mapping[str, float] = field(default_factory=dict)  # claim experiment -> a run's minutes
+    alone: Mapping[str, float] = field(default_factory=dict)  # claim experiment run by itself -> a run's minutes
     minutes_note: str = ""  # said beside --dry-run's estimate
     scale: str = "cpu"  # {scale} in the steps' experiments; the benchmark's scale
     print_only: bool = False  # print the commands, run nothing
@@ -111,6 +112,7 @@ def load_profile(name: str) -> Profile:
     return Profile(name=name, description=" ".join(str(raw.get("description", "")).split()),
                    claims=raw.get("claims"),
                    minutes={k: float(v) for k, v in (minutes.get("runs") or {}).items()},
+                   alone={k: float(v) for k, v in (minutes.get("alone") or {}).items()},
                    minutes_note=minutes.get("note") or "", scale=raw.get("scale", "cpu"),
                    print_only=bool(raw.get("print_only", False)), heading=raw.get("heading", ""),
                    steps=raw.get("steps") or {}, then=raw.get("then") or "")
@@ -132,13 +134,16 @@ def _read(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
     for section in ("claims", "minutes"):
         if raw.get(section) is not None:
             _check_keys(raw[section], section, path, f"{section}.")
-            _check_values(raw[section], path, f"{section}.")
+            # minutes.alone is a mapping like minutes.runs (_check_minutes), not a step's switch
+            _check_values({k: v for k, v in raw[section].items() if (section, k) != ("minutes", "alone")},
+                          path, f"{section}.")
     if not isinstance(raw.get("steps") or {}, dict):
         raise ValueError(f"{path}: steps must be a mapping of step names to steps (docs/reproduction.md)")
     for step, body in (raw.get("steps") or {}).items():
         _check_keys(body, "step", path, f"steps.{step}.")
         _check_values(body, path, f"steps.{step}.")
-    _check_minutes((raw.get("minutes") or {}).get("runs"), path)
+    for part in ("runs", "alone"):
+        _check_minutes((raw.get("minutes") or {}).get(part), path, part)
     base = raw.pop("extends", None)
     if base and not (PLAN_DIR / f"{base}.yaml").is_file():
         raise ValueError(f"{path}: extends: {_no_profile(base)}")
@@ -178,16 +183,16 @@ def _check_values(mapping: Mapping[str, Any], path: Path, where: str) -> None:
             raise ValueError(f"{at} must be a list of strings, not {value!r}: e.g. {key}: {LISTS[key]}")
 
 
-def _check_minutes(runs: Any, path: Path) -> None:
-    """``minutes.runs``: a mapping of claim experiments to a run's minutes, a number >= 0."""
+def _check_minutes(runs: Any, path: Path, part: str = "runs") -> None:
+    """``minutes.<part>`` (runs, alone): a mapping of claim experiments to a run's minutes, a number >= 0."""
     if runs is None:
         return
     if not isinstance(runs, dict):
-        raise ValueError(f"{path}: minutes.runs must be a mapping of claim experiments to a run's minutes, "
+        raise ValueError(f"{path}: minutes.{part} must be a mapping of claim experiments to a run's minutes, "
                          f"e.g. {{flipflop/cpu: 8.6}}")
     for experiment, value in runs.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError(f"{path}: minutes.runs.{experiment}: {value!r} is not a number of minutes; "
+            raise ValueError(f"{path}: minutes.{part}.{experiment}: {value!r} is not a number of minutes; "
                              f"write e.g. {experiment}: 8.6")
 
 
@@ -233,7 +238,7 @@ def _steps(prof: Profile, cfg: ClaimsConfig, seeds: tuple[int, ...], runs_dir: P
     if prof.name in chain:
         raise ValueError(f"profile {prof.name}: `then` leads back to it ({' -> '.join((*chain, prof.name))})")
     steps = claim_steps(replace(cfg, claims=tuple(c for c in cfg.claims if prof.runs_claim(c))),
-                        prof.minutes) if prof.claims is not None else []
+                        prof.minutes, prof.alone) if prof.claims is not None else []
     more = [table_steps(prof, seeds, runs_dir, scrolls_data)] if tables else []
     if prof.then:
         more.append(_steps(load_profile(prof.then), cfg, seeds, runs_dir, scrolls_data, (*chain, prof.name),
@@ -255,7 +260,8 @@ def select_claims(cfg: ClaimsConfig, only: Sequence[str]) -> ClaimsConfig:
     return replace(cfg, claims=tuple(c for c in cfg.claims if c.id in only))
 
 
-def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None) -> list[Step]:
+def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None,
+                alone: Mapping[str, float] | None = None) -> list[Step]:
     """One step per (experiment, arm) of the claims: the arm's PE and config values as overrides,
     the seeds each claim's plan gives the arm (conf/claims.yaml ``seeds``, ``first_seed``; an arm
     only described runs ``describe_seeds``), tier 0 for an arm of a primary comparison, else 1,
@@ -263,8 +269,10 @@ def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None) -
     and C4) runs once, at the union of seeds. Each positive control of a claim (``controls``)
     is a step of its own per arm, ``<claim>-<arm>-control-<values>``, at the arm's seeds and tier:
     a seed's pair counts only once its controls have run. Arms that are methods of one run
-    (``Arm.method``) share one step, ``<claim>-recipes``, of plain runs (``single``: no ``pe=``)."""
-    minutes = minutes or {}
+    (``Arm.method``) share one step, ``<claim>-recipes``, of plain runs (``single``: no ``pe=``).
+    An experiment in ``alone`` (a run that uses every core well) runs by itself under --jobs, and
+    a run then takes its minutes there."""
+    minutes, alone = minutes or {}, alone or {}
     steps: dict[tuple[str, ...], Step] = {}
     for claim in cfg.claims:
         for name in claim.arm_names:
@@ -293,7 +301,8 @@ def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None) -
                     pes=(arm.pe,), seeds=seeds,
                     overrides=tuple(f"{k}={_override(v)}" for k, v in values.items()),
                     match={**cfg.require, **values}, tier=tier, single=bool(arm.method),
-                    minutes=minutes.get(claim.experiment, 0.0))
+                    alone=claim.experiment in alone,
+                    minutes=alone.get(claim.experiment, minutes.get(claim.experiment, 0.0)))
     return list(steps.values())
 
 

@@ -16,7 +16,9 @@ command returns, and results/ renders from the records. ``--dry-run`` shows the 
 ``<runs>/reproduce-logs/``: the small cpu-profile models use a second core poorly, so two
 one-thread runs finish sooner than two two-thread runs one after the other. A step waits for
 the steps before the one it runs ``after`` (SCROLLS fine-tunes the pretraining runs), and an
-``alone`` step (the benchmark) runs by itself, with every core, last.
+``alone`` step (the benchmark; a claim experiment in the profile's ``minutes.alone``, such as
+context extension, whose runs use every core well) runs by itself, with every core, after the
+other runs of its wave.
 """
 
 from __future__ import annotations
@@ -441,12 +443,13 @@ def estimate(steps: Sequence[Step], runs_dir: Path, jobs: int, records_dir: Path
     ``note`` on those minutes (the profile's ``minutes.note``). ``at_once``: how many of the
     ``jobs`` really run side by side (default: no more than the cores; one on one GPU)."""
     runs = Where(runs_dir, records_dir).finished()
-    known = [(len(pending(s, runs)), s.minutes) for s in steps if s.minutes]
+    known = [(len(pending(s, runs)), s.minutes, s.alone) for s in steps if s.minutes]
     unknown = [s.name for s in steps if not s.minutes and (
         pending(s, runs) or (s.done_file is not None and not s.done_file.is_file()))]
     at_once = max(1, min(jobs, os.cpu_count() or 1) if at_once is None else at_once)
-    minutes = sum(n * m for n, m in known) / at_once
-    line = (f"estimate: {sum(n for n, _ in known)} claim run(s) left, about {minutes:.0f} min with --jobs {jobs}"
+    minutes = (sum(n * m for n, m, by_itself in known if not by_itself) / at_once  # runs side by side
+               + sum(n * m for n, m, by_itself in known if by_itself))  # an alone step's, one after another
+    line = (f"estimate: {sum(n for n, _, _ in known)} claim run(s) left, about {minutes:.0f} min with --jobs {jobs}"
             + (f" ({at_once} at once here)" if at_once != jobs else ""))
     if note:
         line += f" ({note})"

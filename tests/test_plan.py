@@ -48,10 +48,12 @@ def test_the_tables_run_the_encodings_the_report_shows() -> None:
 
 
 def test_claim_minutes_come_from_the_profile(tmp_path: Path) -> None:
-    minutes = load_profile("cpu").minutes
+    cpu = load_profile("cpu")
+    minutes = {**cpu.minutes, **cpu.alone}  # a run's minutes side by side, or by itself
     overnight = {"word_problem/cpu", "parity/cpu"}  # C5 and C6 run in cpu-full only
-    assert {s.experiment: s.minutes for s in plan("cpu", runs_dir=tmp_path)} == {
-        e: m for e, m in minutes.items() if e not in overnight}
+    steps = plan("cpu", runs_dir=tmp_path)
+    assert {s.experiment: s.minutes for s in steps} == {e: m for e, m in minutes.items() if e not in overnight}
+    assert {s.experiment for s in steps if s.alone} == set(cpu.alone) == {"context_extension/cpu"}
     assert {s.experiment: s.minutes for s in plan("cpu-full", runs_dir=tmp_path) if s.match} == minutes
     assert load_profile("gpu").minutes_note and not load_profile("cpu").minutes_note
 
@@ -102,5 +104,6 @@ def test_recipes_of_one_run_are_one_plain_step(tmp_path: Path) -> None:
 
     (step,) = [s for s in plan("cpu", runs_dir=tmp_path, only=["C7"])]
     assert step.name == "C7-recipes" and step.single and step.pes == ("llama",)
-    assert step.seeds == tuple(range(1, 9)) and step.minutes == 76.0
+    assert step.seeds == tuple(range(1, 9)) and step.alone  # by itself under --jobs: 17 min, not 76
+    assert step.minutes == load_profile("cpu").alone[step.experiment]
     assert commands(step)[0] == ["python", "-m", "pipelines.train", "experiment=context_extension/cpu", "seed=1"]

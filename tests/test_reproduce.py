@@ -268,6 +268,20 @@ def test_jobs_run_single_runs_side_by_side_then_the_benchmark_alone(tmp_path: Pa
         f"task.pretrained_run=last task.data_dir={data}"]
 
 
+def test_jobs_run_a_claim_experiment_the_profile_runs_alone_by_itself_after_the_rest(tmp_path: Path) -> None:
+    """Two context-extension runs side by side took 76-80 min each, one alone 17 min: under
+    --jobs its runs go one at a time with every core, after the runs that share the cores."""
+    runs = tmp_path / "runs"
+    steps = plan("cpu", runs_dir=runs, only=("C3", "C7"))
+    assert [s.name for s in steps if s.alone] == ["C7-recipes"]
+    runner = FakeRunner(runs, tmp_path / "results")
+    execute(steps, runs, runner, log=lambda _: None, jobs=2)
+    alone = [i for i, c in enumerate(runner.calls) if "experiment=context_extension/cpu" in c]
+    assert len(alone) == 8 and alone == list(range(len(runner.calls) - 8, len(runner.calls)))
+    assert {runner.launches[i].threads for i in alone} == {None}  # every core
+    assert {la.threads for la in runner.launches[:alone[0]]} == {max(1, (os.cpu_count() or 1) // 2)}
+
+
 def test_jobs_must_be_positive_and_seeds_in_numpys_range(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="--jobs 0"):
         reproduce.main(["--jobs", "0", "--runs", str(tmp_path), "--dry-run"])
@@ -430,8 +444,10 @@ def test_claim_runs_start_seed_by_seed_primary_arms_first(tmp_path: Path, monkey
     monkeypatch.setattr(reproduce, "ThreadPoolExecutor", InOrderPool)  # the order items are handed out
     execute(plan("cpu", runs_dir=runs), runs, record, log=lambda _: None, jobs=1 + 1)
     seeds = [int(next(a for a in argv if a.startswith("seed="))[5:]) for argv in launched]
-    n_primary = sum(len(s.seeds) for s in plan("cpu") if s.tier == 0)
+    n_primary = sum(len(s.seeds) for s in plan("cpu") if s.tier == 0 and not s.alone)
     assert seeds[:n_primary] == sorted(seeds[:n_primary])  # whole pairs early
+    n_alone = sum(len(s.seeds) for s in plan("cpu") if s.alone)  # context extension: by itself, last
+    assert all("experiment=context_extension/cpu" in shlex.join(a) for a in launched[-n_alone:])
     assert len(launched) == sum(len(s.seeds) for s in plan("cpu"))
     first = {shlex.join(a) for a in launched[:n_primary]}
     assert any("experiment=addition_c1/cpu pe=rope seed=0 optim.lr=0.0003 trainer.max_steps=2000 "
@@ -494,8 +510,9 @@ def test_dry_run_estimates_the_claims_wall_time(tmp_path: Path, capsys: pytest.C
     reproduce.main(["--runs", str(runs), "--out", str(tmp_path / "results"), "--jobs", "2", "--dry-run"],
                    runner=lambda launch: 1 / 0)
     steps = plan("cpu", runs_dir=runs)
-    expected = sum(len(s.seeds) * s.minutes for s in steps) / 2
-    assert all(s.minutes > 0 for s in steps)
+    expected = (sum(len(s.seeds) * s.minutes for s in steps if not s.alone) / 2  # two at once
+                + sum(len(s.seeds) * s.minutes for s in steps if s.alone))  # context extension by itself
+    assert all(s.minutes > 0 for s in steps) and any(s.alone for s in steps)
     assert f"about {expected:.0f} min with --jobs 2" in capsys.readouterr().out
 
 
@@ -658,7 +675,8 @@ def test_duplicate_seeds_count_once_and_the_estimate_runs_no_more_at_once_than_c
                     "--out", str(tmp_path / "out")], runner=lambda launch: 1 / 0)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("estimate:"))
     steps = plan("cpu-full", runs_dir=tmp_path / "runs")
-    expected = sum(len(s.seeds) * s.minutes for s in steps if s.minutes) / 2  # 2 cores: 2 at once, not 8
+    expected = (sum(len(s.seeds) * s.minutes for s in steps if s.minutes and not s.alone) / 2  # 2 at once, not 8
+                + sum(len(s.seeds) * s.minutes for s in steps if s.alone))
     assert f"about {expected:.0f} min with --jobs 8 (2 at once here)" in line and "benchmark" in line
 
 

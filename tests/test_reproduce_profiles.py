@@ -71,6 +71,8 @@ def test_unquoted_yes_and_no_are_switches(plan_dir: Path) -> None:
 def test_minutes_must_be_numbers(plan_dir: Path, runs: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_profile(scratch(plan_dir, f"claims: {{profiles: [gpu]}}\nminutes:\n  runs: {runs}\n"))
+    with pytest.raises(ValueError, match=message.replace("minutes.runs", "minutes.alone")):
+        load_profile(scratch(plan_dir, f"claims: {{profiles: [gpu]}}\nminutes:\n  alone: {runs}\n"))
 
 
 def test_minutes_of_the_profile_it_extends_name_that_file(plan_dir: Path) -> None:
