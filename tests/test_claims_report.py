@@ -537,7 +537,8 @@ def test_recipes_of_one_run_are_arms_that_pair_by_seed(tmp_path: Path) -> None:
         "TAPE (official recipe) - LoRA")
     answer = rows(tmp_path / "results" / "tables" / "claims.csv")["C7"]["answer at this scale"]
     assert answer.startswith("TAPE (official recipe) better than LoRA")
-    assert any("mixing post map" in r["comparison (Δ = first - second)"] for r in every)  # described beside
+    mixing = next(r for r in every if "mixing post map" in r["comparison (Δ = first - second)"])  # described
+    assert mixing["n paired seeds (planned)"] == "8 (planned 8)"  # every run scores it: no seeds of its own
     arms = [r for r in csv.DictReader(open(tmp_path / "results" / "tables" / "claims_arms.csv"))
             if r["claim"] == "C7"]
     tape = next(r for r in arms if r["arm"] == "TAPE (official recipe)")

@@ -490,8 +490,9 @@ def _verdict(result: ClaimResult, c: Comparison, cfg: ClaimsConfig, first: bool)
 
 
 def _planned(result: ClaimResult, c: Comparison, cfg: ClaimsConfig) -> str:
-    """``n (planned p)`` paired seeds."""
-    planned = result.claim.seeds if c.tested else min(cfg.describe_seeds, result.claim.seeds)
+    """``n (planned p)`` paired seeds; a recipe scored inside every run is planned at every seed."""
+    every_seed = c.tested or cfg.arms[c.treatment].method
+    planned = result.claim.seeds if every_seed else min(cfg.describe_seeds, result.claim.seeds)
     return f"{c.n} (planned {planned})"
 
 
