@@ -55,6 +55,7 @@ def test_the_paper_effects_follow_from_the_data_file() -> None:
         "C2": round(math.log(table6["tape"][0] / table6["neither"][0]), 4),  # perplexity -> nats
         "C2e": round(math.log(symmetry["tape"][0] / symmetry["neither"][0]), 4),
         "C7": round(math.log(table2["tape"]["pg19"][3] / table2["lora"]["pg19"][3]), 4),  # 8,192 tokens
+        "C7s": round(math.log(table2["tape"]["proof_pile"][3] / table2["lora"]["proof_pile"][3]), 4),
     }
     deltas = {c.id: c.paper_delta for c in load_claims().claims if c.paper_delta is not None}
     assert deltas == expected

@@ -273,7 +273,7 @@ def test_jobs_run_a_claim_experiment_the_profile_runs_alone_by_itself_after_the_
     --jobs its runs go one at a time with every core, after the runs that share the cores."""
     runs = tmp_path / "runs"
     steps = plan("cpu", runs_dir=runs, only=("C3", "C7"))
-    assert [s.name for s in steps if s.alone] == ["C7-recipes"]
+    assert [s.name for s in steps if s.alone] == ["C7-recipes"]  # C7 alone: seeds 1-8
     runner = FakeRunner(runs, tmp_path / "results")
     execute(steps, runs, runner, log=lambda _: None, jobs=2)
     alone = [i for i, c in enumerate(runner.calls) if "experiment=context_extension/cpu" in c]
@@ -381,7 +381,7 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     assert "trainer.max_steps=500" in by_name["C2-rope"].overrides
     assert all(s.match.get("paired_init") is True for s in steps)
     assert not any(s.experiment.startswith(("addition/", "scrolls/")) for s in steps)  # tables' steps
-    assert [s.name for s in steps if s.experiment.startswith("context_extension/")] == ["C7-recipes"]
+    assert [s.name for s in steps if s.experiment.startswith("context_extension/")] == ["C7+C7s-recipes"]
 
 
 def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> None:
