@@ -26,7 +26,8 @@ KEYS: dict[str, frozenset[str]] = {  # what a profile, its claims and minutes, a
     "minutes": frozenset({"measured", "note", "runs", "alone"}),
     "step": frozenset({"experiment", "entry", "encodings", "single", "overrides", "datasets", "after", "alone"}),
 }
-SWITCHES = frozenset({"print_only", "unlisted", "single", "alone"})  # true or false
+SWITCHES: dict[str, frozenset[str]] = {  # true or false, per kind of mapping (minutes.alone is not one)
+    "profile": frozenset({"print_only"}), "claims": frozenset({"unlisted"}), "step": frozenset({"single", "alone"})}
 TEXTS = {"scale": "cpu", "extends": "tables", "then": "tables", "experiment": "addition/{scale}",
          "entry": "pipelines.benchmark", "after": "pretrain"}  # a string each, e.g. these
 LISTS = {"encodings": "[rope, tape]", "overrides": "[trainer.max_steps=2]", "profiles": "[gpu]"}  # of strings
@@ -130,18 +131,16 @@ def _read(name: str, seen: tuple[str, ...]) -> dict[str, Any]:
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not YAML: {err}") from None
     _check_keys(raw, "profile", path, "")
-    _check_values(raw, path, "")
+    _check_values(raw, "profile", path, "")
     for section in ("claims", "minutes"):
         if raw.get(section) is not None:
             _check_keys(raw[section], section, path, f"{section}.")
-            # minutes.alone is a mapping like minutes.runs (_check_minutes), not a step's switch
-            _check_values({k: v for k, v in raw[section].items() if (section, k) != ("minutes", "alone")},
-                          path, f"{section}.")
+            _check_values(raw[section], section, path, f"{section}.")
     if not isinstance(raw.get("steps") or {}, dict):
         raise ValueError(f"{path}: steps must be a mapping of step names to steps (docs/reproduction.md)")
     for step, body in (raw.get("steps") or {}).items():
         _check_keys(body, "step", path, f"steps.{step}.")
-        _check_values(body, path, f"steps.{step}.")
+        _check_values(body, "step", path, f"steps.{step}.")
     for part in ("runs", "alone"):
         _check_minutes((raw.get("minutes") or {}).get(part), path, part)
     base = raw.pop("extends", None)
@@ -167,13 +166,14 @@ def _check_keys(mapping: Any, kind: str, path: Path, where: str) -> None:
                              f"{', '.join(sorted(KEYS[kind]))} (docs/reproduction.md)")
 
 
-def _check_values(mapping: Mapping[str, Any], path: Path, where: str) -> None:
-    """Each value of the kind its key takes (true or false, a string, a list of strings); None: not given."""
+def _check_values(mapping: Mapping[str, Any], kind: str, path: Path, where: str) -> None:
+    """Each value of the kind its key takes in a ``kind`` mapping (KEYS): true or false, a string, a
+    list of strings; None: not given."""
     for key, value in mapping.items():
         at = f"{path}: {where}{key}"
         if value is None:
             continue
-        if key in SWITCHES and not isinstance(value, bool):
+        if key in SWITCHES.get(kind, ()) and not isinstance(value, bool):
             raise ValueError(f"{at}: {value!r} must be true or false: write {key}: true or {key}: false")
         if key in TEXTS and not isinstance(value, str):
             raise ValueError(f"{at}: {value!r} must be a string, e.g. {key}: {TEXTS[key]}")
