@@ -505,13 +505,19 @@ def test_cpu_full_runs_the_claims_plan_then_the_tables(tmp_path: Path) -> None:
     assert min(s.wave for s in steps if s.name in tables) > max(s.wave for s in claims)
 
 
+def _expected_minutes(steps, at_once: int) -> float:
+    """The claim runs' minutes when none has run: ``at_once`` side by side, an alone step's runs
+    (context extension) one after another."""
+    return (sum(len(s.seeds) * s.minutes for s in steps if not s.alone) / at_once
+            + sum(len(s.seeds) * s.minutes for s in steps if s.alone))
+
+
 def test_dry_run_estimates_the_claims_wall_time(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     runs = tmp_path / "runs"
     reproduce.main(["--runs", str(runs), "--out", str(tmp_path / "results"), "--jobs", "2", "--dry-run"],
                    runner=lambda launch: 1 / 0)
     steps = plan("cpu", runs_dir=runs)
-    expected = (sum(len(s.seeds) * s.minutes for s in steps if not s.alone) / 2  # two at once
-                + sum(len(s.seeds) * s.minutes for s in steps if s.alone))  # context extension by itself
+    expected = _expected_minutes(steps, at_once=2)
     assert all(s.minutes > 0 for s in steps) and any(s.alone for s in steps)
     assert f"about {expected:.0f} min with --jobs 2" in capsys.readouterr().out
 
@@ -675,8 +681,7 @@ def test_duplicate_seeds_count_once_and_the_estimate_runs_no_more_at_once_than_c
                     "--out", str(tmp_path / "out")], runner=lambda launch: 1 / 0)
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("estimate:"))
     steps = plan("cpu-full", runs_dir=tmp_path / "runs")
-    expected = (sum(len(s.seeds) * s.minutes for s in steps if s.minutes and not s.alone) / 2  # 2 at once, not 8
-                + sum(len(s.seeds) * s.minutes for s in steps if s.alone))
+    expected = _expected_minutes(steps, at_once=2)  # 2 cores: 2 at once, not 8
     assert f"about {expected:.0f} min with --jobs 8 (2 at once here)" in line and "benchmark" in line
 
 
