@@ -5,5 +5,5 @@ from __future__ import annotations
 
 import torch
 
-RECIPES = ("tape", "lora", "longlora", "theta")  # tape.hf.recipes.apply_recipe
+RECIPES = ("tape", "lora", "longlora", "theta", "embed_norm")  # tape.hf.recipes.apply_recipe
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # config name -> dtype

@@ -546,6 +546,28 @@ def test_recipes_of_one_run_are_arms_that_pair_by_seed(tmp_path: Path) -> None:
     assert "figures/claim_c7.png" in (tmp_path / "results" / "claims_detail.md").read_text()
 
 
+def test_the_control_recipe_claim_reads_only_runs_with_its_recipe_list(tmp_path: Path) -> None:
+    """C7a's arms are recipes of runs made with extend.recipes=[tape,lora,embed_norm] at seeds
+    15-20: a preset run at those seeds (no control recipe) is not read, and C7 never reads them."""
+    runs = tmp_path / "runs"
+    base = {"task": {"name": "context_extension"}, "pe": {"name": "llama"}, "paired_init": True}
+    for seed in range(15, 21):
+        control = 60.0 + seed
+        books = {"tape": control * 1.02, "lora": control * 0.99, "embed_norm": control}
+        make_run(runs, "context_extension/cpu", "llama", seed, f"20261207-0500{seed:02d}-eeeeee-0",
+                 extension_metrics(books), {**base, "extend": {"recipes": ["tape", "lora", "embed_norm"]}})
+    make_run(runs, "context_extension/cpu", "llama", 15, "20261207-060000-dddddd-0",  # the preset's recipes
+             extension_metrics({m: 50.0 for m in RECIPES}), {**base, "extend": {"recipes": list(RECIPES)}})
+    render(runs, tmp_path / "results")
+    claims = rows(tmp_path / "results" / "tables" / "claims_all.csv")
+    c7a = claims["C7a"]
+    assert c7a["n paired seeds (planned)"] == "6 (planned 6)"
+    assert c7a["effect Δ [95 % CI]"].startswith(f"Δ {np.log(1.02):+.3f} [")  # the control runs only
+    assert c7a["verdict"].startswith("**worse**") and c7a["comparison (Δ = first - second)"].startswith(
+        "TAPE (official recipe) - embeddings and norms only")
+    assert claims["C7"]["n paired seeds (planned)"].startswith("0 ")
+
+
 def test_a_recipe_curve_reads_only_its_own_recipe() -> None:
     from tape.report.claim_figures import METHOD_CURVES
     from tape.report.runs import Run

@@ -206,6 +206,7 @@ LORA_LAYER = 8 * (C + H * 16) + 8 * (C + HKV * 16) * 2 + 8 * (H * 16 + C)  # q, 
         ("lora", {}, L * LORA_LAYER + EMB_NORM),
         ("longlora", {}, L * LORA_LAYER + EMB_NORM),
         ("theta", {}, L * LORA_LAYER + EMB_NORM),
+        ("embed_norm", {}, EMB_NORM),
     ],
 )
 def test_recipe_trains_exactly_its_parameters(recipe, kwargs, expected):
@@ -229,6 +230,21 @@ def test_recipes_interpolate_positions_by_target_over_original(recipe, theta):
     inv = model.base_model.model.model.rotary_emb.inv_freq
     expected = 1.0 / (theta ** (torch.arange(0, 16, 2).float() / 16)) / 2.0
     assert torch.allclose(inv, expected)
+
+
+def test_embed_norm_control_interpolates_positions_and_keeps_the_base_function():
+    """The control recipe changes only the rotary table (PI x2): at positions 0, 2, 4, ... it
+    computes what the base does at 0, 1, 2, ..., and nothing else differs."""
+    base = tiny_llama()
+    model = apply_recipe(tiny_llama(), "embed_norm", target_context=64)
+    assert type(model) is type(base) and model.config.rope_parameters["factor"] == 2.0
+    inv = model.model.rotary_emb.inv_freq
+    assert torch.allclose(inv, base.model.rotary_emb.inv_freq / 2.0)
+    ids = torch.randint(0, 50, (1, 8))
+    with torch.no_grad():
+        assert not torch.allclose(model(ids).logits, base(ids).logits, atol=1e-4)
+        torch.testing.assert_close(model(ids, position_ids=2 * torch.arange(8)[None]).logits, base(ids).logits,
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_recipes_compose_with_a_linear_base_and_refuse_other_scalings():

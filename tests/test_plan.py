@@ -107,3 +107,14 @@ def test_recipes_of_one_run_are_one_plain_step(tmp_path: Path) -> None:
     assert step.seeds == tuple(range(1, 9)) and step.alone  # by itself under --jobs: 17 min, not 76
     assert step.minutes == load_profile("cpu").alone[step.experiment]
     assert commands(step)[0] == ["python", "-m", "pipelines.train", "experiment=context_extension/cpu", "seed=1"]
+
+
+def test_a_claim_that_lists_recipes_runs_them_as_one_hydra_list(tmp_path: Path) -> None:
+    """C7a's runs name their recipes (a list setting): the override is Hydra's list syntax, and
+    the runs it makes are the ones the step counts (its match has the same list)."""
+    from pipelines.reproduce import commands
+
+    (step,) = [s for s in plan("cpu", runs_dir=tmp_path, only=["C7a", "C7as"])]
+    assert step.name == "C7a+C7as-recipes" and step.seeds == tuple(range(15, 21))
+    assert commands(step)[0][-1] == "extend.recipes=[tape,lora,embed_norm]"
+    assert step.match["extend.recipes"] == ["tape", "lora", "embed_norm"]

@@ -381,7 +381,10 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     assert "trainer.max_steps=500" in by_name["C2-rope"].overrides
     assert all(s.match.get("paired_init") is True for s in steps)
     assert not any(s.experiment.startswith(("addition/", "scrolls/")) for s in steps)  # tables' steps
-    assert [s.name for s in steps if s.experiment.startswith("context_extension/")] == ["C7+C7s-recipes"]
+    extension = [s for s in steps if s.experiment.startswith("context_extension/")]
+    assert [s.name for s in extension] == ["C7+C7s-recipes", "C7a+C7as-recipes"]
+    assert "extend.recipes=[tape,lora,embed_norm]" in extension[1].overrides
+    assert not any(o.startswith("extend.recipes") for o in extension[0].overrides)  # the preset's five
 
 
 def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> None:

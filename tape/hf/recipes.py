@@ -7,6 +7,8 @@ train embeddings and norms besides their own parameters ("LoRA+" in LongLoRA's t
 - ``lora``: LoRA r=8, alpha=16, dropout 0 on q, k, v, o (via peft).
 - ``longlora``: the LoRA recipe plus shifted sparse attention in training.
 - ``theta``: rope_theta = 1e6 plus the LoRA recipe.
+- ``embed_norm``: embeddings and norms alone, the part every recipe shares (a control: what
+  TAPE's maps or LoRA's adapters add to it).
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ def apply_recipe(
         for name, p in model.named_parameters():
             trainable = ".pe." in name and (train_post_attn or ".post_attn." not in name)
             p.requires_grad_(trainable)
+        _unfreeze_embeddings_and_norms(model)
+        return model
+
+    if recipe == "embed_norm":
+        for p in model.parameters():
+            p.requires_grad_(False)
         _unfreeze_embeddings_and_norms(model)
         return model
 

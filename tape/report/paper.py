@@ -58,6 +58,7 @@ PASSKEY_FIG3: dict[str, tuple[float, ...]] = {m: tuple(v) for m, v in _FIG3["val
 # Display names of the context-extension methods (an encoding's own is its class's ``display``).
 DISPLAY: dict[str, str] = {
     "base": "base (not extended)", "lora": "LoRA", "longlora": "LongLoRA", "theta": "Theta Scaling",
+    "embed_norm": "embeddings and norms only",
 }
 ADDITION_PES = ("rope", "randpe", "nope", "fire", "tape")
 PRETRAIN_PES = ("rope", "alibi", "randpe", "fire", "xpos", "nope", "tape")
