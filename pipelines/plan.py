@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from tape.data.scrolls import ScrollsDataError, local_files
-from tape.report.claims import Claim, ClaimsConfig, load_claims
+from tape.report.claim_registry import Claim, ClaimsConfig, load_claims
 from tape.report.paper import SCROLLS_ORDER
 
 PLAN_DIR = Path(__file__).resolve().parents[1] / "conf" / "reproduce"

@@ -42,7 +42,7 @@ from pipelines.plan import Step, bench_dir, load_profile, plan, profiles
 from pipelines.presets import is_preset_run, preset_setting
 from pipelines.result_files import keep_earlier
 from pipelines.run_dirs import live_owner
-from tape.report.claims import has_values
+from tape.report.claim_registry import has_values
 from tape.report.render import WouldLoseResults, render
 from tape.report.records import RecordConflict, export_all, finished_runs
 from tape.report.runs import Run

@@ -11,7 +11,8 @@ import yaml
 
 from pipelines.plan import claim_steps
 from pipelines.reproduce import execute, pending
-from tape.report.claims import arm_table_rows, build, evaluate_claim, load_claims
+from tape.report.claim_registry import load_claims
+from tape.report.claims import arm_table_rows, build, evaluate_claim
 from tape.report.document import Context
 from tape.report.runs import find_runs
 from test_report import make_run

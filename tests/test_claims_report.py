@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tape.report.claims import CLAIMS_FILE, load_claims
+from tape.report.claim_registry import CLAIMS_FILE, load_claims
 from tape.report.render import render
 from test_report import make_run
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tape.report.claims import load_claims
+from tape.report.claim_registry import load_claims
 from tape.report.paired import (
     DESCRIBED, MetricSpec, compare, decide, fisher_pvalue, hierarchical_bootstrap, holm, mcnemar_pvalue,
     needed_pairs, paper_effect_test, sign_flip_pvalue, successes, t_interval, wilson_interval,

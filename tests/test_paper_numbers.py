@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tape.paper import load_paper_numbers, paper_number
-from tape.report.claims import CLAIMS_FILE, load_claims
+from tape.report.claim_registry import CLAIMS_FILE, load_claims
 
 REPO = Path(__file__).resolve().parents[1]
 DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")  # 41.42, 132.0; not "A.7" or "2x"

@@ -9,7 +9,7 @@ import pytest
 
 from pipelines import plan as plan_module
 from pipelines.plan import PLAN_DIR, load_profile, plan, profiles
-from tape.report.claims import load_claims
+from tape.report.claim_registry import load_claims
 from tape.report.paper import ADDITION_PES, PRETRAIN_PES, SCROLLS_PES
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
