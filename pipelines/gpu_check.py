@@ -58,12 +58,9 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import shlex
-import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
@@ -71,7 +68,8 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from pipelines.gpu_targets import printed_json, timed_presets_md, window_profiles, window_targets
+from pipelines.gpu_page import render, summary_md
+from pipelines.gpu_windows import pack_window, pending_steps, read_window, unpack_window
 
 SMOKE_EXPERIMENTS = ("addition", "addition_c1", "pretrain", "flipflop", "word_problem", "context_extension")
 GPU_PRESETS = ("addition_c1/gpu", "flipflop/gpu", "parity/gpu", "mqar/gpu", "selective_copy/gpu", "counting/gpu")
@@ -464,118 +462,6 @@ def _peak_gib(device: str) -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
 
 
-def _outcome_rows(summary: dict) -> list[str]:
-    return [f"| {o['name']} | {'pass' if o['passed'] else _failure(o)} | {o['wall_s']:.0f} s | `{o['log']}` |"
-            for o in summary["outcomes"]]
-
-
-def _failure(outcome: dict) -> str:
-    if outcome.get("budget_cut"):
-        return "not finished (--budget spent; --continue runs it)"
-    return "FAIL" if outcome["returncode"] is not None else "cut off (time limit)"
-
-
-def _numbers(summary: dict) -> list[str]:
-    """The JSON line each in-process step (model, resume, llama7b, throughput) printed last, as a
-    list item (the step profiles and the timed presets get tables of their own)."""
-    lines = []
-    for o in summary["outcomes"]:
-        line = printed_json(o)
-        if line is not None and "(profiler)" not in o["name"] and not o["name"].startswith("time "):
-            lines.append(f"- {o['name']}: `{line}`")
-    return lines
-
-
-FULL_SQUARE = ("TFLOP/s in these tables count attention over the full N x N score matrix (Table 3's convention, "
-               "tape/bench/flops.py): a causal kernel does about half that attention work.")
-
-
-def _window(summary: dict) -> str:
-    """One device window: where it ran, then one row per step."""
-    env = summary["environment"]
-    passed = sum(o["passed"] for o in summary["outcomes"])
-    numbers = _numbers(summary)
-    window = Path(summary["dir"])
-    tables, by_length = window / "benchmark" / "efficiency.md", window / "sweep" / "sweep.md"
-    every = window / "benchmark-all" / "efficiency.md"
-    return "\n".join([
-        f"## Window {window.name}", "",
-        f"`{summary['dir']}`: commit {env['commit']} on {env['device']} (driver {env['driver']}; "
-        f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}). "
-        f"{passed} of {len(summary['outcomes'])} steps passed{_plan_note(summary)}.", "",
-        "| check | verdict | wall time | log |", "|---|---|---|---|", *_outcome_rows(summary), "",
-        *(["Numbers printed by the in-process steps:", "", *numbers, ""] if numbers else []),
-        *([f"The efficiency benchmark's tables (paper Table 4's shape): `{tables}`.", ""] if tables.is_file() else []),
-        *([f"The benchmark of every encoding at that shape: `{every}`.", ""] if every.is_file() else []),
-        *([FULL_SQUARE, ""] if tables.is_file() or every.is_file() or by_length.is_file() else []),
-        *window_targets(window),
-        *window_profiles(summary["outcomes"]),
-        *timed_presets_md(summary["outcomes"]),
-        *([f"The attention operator by length: `{by_length}`.", ""] if by_length.is_file() else []),
-    ])
-
-
-def _plan_note(summary: dict) -> str:
-    """What the window meant to run (summaries before the suites did not record it)."""
-    if "suite" not in summary:
-        return ""
-    scope = f"suite {summary['suite']}" + (f", --only {summary['only']}" if summary.get("only") else "")
-    calls = summary.get("calls") or []
-    continued = (f"; {len(calls)} calls, same GPU, stack and code, started "
-                 f"{', '.join(c['started'] for c in calls)}" if len(calls) > 1 else "")
-    return f" ({scope}: {len(summary['planned'])} steps planned{continued})"
-
-
-def summary_md(summary: dict) -> str:
-    """One window's page (summary.md beside its logs)."""
-    return f"# gpu-check {Path(summary['dir']).name}\n\n" + _window(summary)
-
-
-def complete_core_run(summary: dict) -> bool:
-    """This window ran ``make gpu-check`` whole (the core suite, no --only, every step) and every
-    step passed."""
-    planned, outcomes = summary.get("planned"), summary["outcomes"]
-    return (summary.get("suite") == "core" and summary.get("only") is None and bool(planned)
-            and [o["name"] for o in outcomes] == planned and all(o["passed"] for o in outcomes))
-
-
-def _calls_note(summary: dict) -> str:
-    calls = summary.get("calls") or []
-    return f"; {len(calls)} calls, same GPU, stack and code (--continue)" if len(calls) > 1 else ""
-
-
-def _whole_proof(summaries: list[dict]) -> str:
-    """Which windows ran make gpu-check whole with every step passing (what issue 21 asks for)."""
-    whole = [s for s in summaries if complete_core_run(s)]
-    if not whole:
-        return ("No window has yet run `make gpu-check` whole (the core suite, every step) with every step "
-                "passing; the verdicts below come from windows that ran parts of it.")
-    names = ", ".join(f"{Path(s['dir']).name} ({s['environment']['device']}, commit {s['environment']['commit']}"
-                      f"{_calls_note(s)})" for s in sorted(whole, key=lambda x: Path(x["dir"]).name))
-    return f"`make gpu-check` ran whole with every step passing in: {names}."
-
-
-def page_md(summaries: list[dict]) -> str:
-    """results/gpu.md: the newest verdict of every check, then every window, newest first."""
-    latest: dict[str, tuple[dict, dict]] = {}
-    for summary in sorted(summaries, key=lambda x: Path(x["dir"]).name):
-        for o in summary["outcomes"]:  # a step --budget stopped has no verdict: an older one stands
-            if not o.get("budget_cut") or o["name"] not in latest:
-                latest[o["name"]] = (summary, o)
-    rows = [f"| {name} | {'pass' if o['passed'] else _failure(o)} | {Path(s['dir']).name} | "
-            f"{s['environment']['commit']} |" for name, (s, o) in latest.items()]
-    return "\n".join([
-        "# The CUDA path on a GPU", "",
-        "Rendered by `make gpu-page` (`python -m pipelines.gpu_check --render results/gpu.md`) from the "
-        "summaries of `make gpu-check` under `results/gpu-check/`, each from a run on a GPU. "
-        "Never typed by hand.", "",
-        "## The whole proof", "", _whole_proof(summaries), "",
-        "## Newest verdict of each check", "",
-        "| check | verdict | window | commit |", "|---|---|---|---|", *rows, "",
-        *[_window(s) for s in sorted(summaries, key=lambda x: Path(x["dir"]).name, reverse=True)],
-    ])
-
-
 def environment() -> dict[str, str]:
     import torch
 
@@ -598,18 +484,6 @@ def environment() -> dict[str, str]:
             "torch": torch.__version__, "triton": triton_version, "cuda": str(torch.version.cuda),
             "commit": commit_label(Path(__file__).resolve().parents[1]),
             "code": code_digest(Path(__file__).resolve().parents[1])}
-
-
-def render(summary_dirs: Sequence[Path], out: Path) -> None:
-    """results/gpu.md from gpu-check summaries; any summary made without a GPU is refused."""
-    summaries = [json.loads((d / "summary.json").read_text()) | {"dir": str(d)} for d in summary_dirs]  # where it lies now
-    if not summaries:
-        raise SystemExit(f"no gpu-check summary to render {out} from: run make gpu-check on a GPU first")
-    for d, summary in zip(summary_dirs, summaries):
-        if summary["environment"].get("gpu") != "True":
-            raise SystemExit(f"{d}: this gpu-check ran without a GPU ({summary['environment']['device']}); "
-                             f"{out} is written only from runs on a GPU")
-    out.write_text(page_md(summaries))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -722,23 +596,6 @@ SAME_RUN = ("device", "gpu", "driver", "torch", "triton", "cuda", "code")
 """What a continued window keeps: the machine, its stack and the code (not git's view of it)."""
 
 
-def pending_steps(summary: dict) -> list[str]:
-    """The planned steps a continuation runs: those without an outcome, and those --budget cut."""
-    finished = {o["name"] for o in summary["outcomes"] if not o.get("budget_cut")}
-    return [name for name in summary["planned"] if name not in finished]
-
-
-def _read_window(window: Path) -> dict:
-    path = window / "summary.json"
-    if not path.is_file():
-        raise SystemExit(f"{window}: no summary.json; --continue takes a window folder that gpu_check wrote")
-    summary = json.loads(path.read_text())
-    if "calls" not in summary or "code" not in summary["environment"]:
-        raise SystemExit(f"{window}: written before windows could be continued (no plan or no code digest); "
-                         f"run make gpu-check afresh")
-    return summary
-
-
 def _set_aside(steps: Sequence[Check], window: Path, call: int) -> dict[str, str]:
     """Outputs that cut-off steps left inside the window (a sweep writes after each length) move
     to ``<name>.cut-<call>`` before the steps run again; returns the moves (window-relative)."""
@@ -761,7 +618,7 @@ def continue_window(window: Path, runs: Path, budget_s: float | None, jobs: int,
     driver, stack and code that ran it (a call limit cut it: the same proof, finished in a later
     call). Outcomes merge in planned order; a step cut by the budget and run again keeps its cut
     outcome under ``superseded``. Returns 0 when every planned step has passed."""
-    summary = _read_window(window)
+    summary = read_window(window)
     env = environment_as_sent(commit)
     differs = [k for k in SAME_RUN if env.get(k) != summary["environment"].get(k)]
     if differs:
@@ -811,87 +668,6 @@ def write_summary(out_dir: Path, env: dict[str, str], outcomes: Sequence[Outcome
                "outcomes": [o if isinstance(o, dict) else asdict(o) for o in outcomes]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "summary.md").write_text(summary_md(summary))
-
-
-WINDOW_NAME = re.compile(r"\d{8}-\d{6}")
-
-
-def pack_window(window: Path, archive: Path) -> None:
-    """The window's record (summary, logs, tables) as one gzipped tar at ``archive``, replaced
-    whole: a device tool that brings back few files and shallow folders gets all of it."""
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    partial = archive.with_name(archive.name + ".partial")
-    with tarfile.open(partial, "w:gz") as tar:
-        tar.add(window, arcname=window.name)
-    os.replace(partial, archive)
-
-
-def _not_a_continuation(old: Path, tar: tarfile.TarFile, top: str) -> str | None:
-    """Why the packed window ``top`` does not continue the window ``old`` (None when it does:
-    same run and plan, more calls, every finished outcome kept, every file kept byte for byte,
-    at its place or where the continuation set it aside)."""
-    def member(name: str) -> bytes | None:
-        try:
-            f = tar.extractfile(f"{top}/{name}")
-        except KeyError:
-            return None
-        return None if f is None else f.read()
-
-    was, now = json.loads((old / "summary.json").read_text()), json.loads(member("summary.json") or b"{}")
-    calls = now.get("calls") or []
-    if not was.get("calls") or calls[:len(was["calls"])] != was["calls"] or len(calls) <= len(was["calls"]):
-        return "it is not a later call of the same window"
-    if now.get("environment") != was.get("environment") or now.get("planned") != was.get("planned"):
-        return "its machine, code or plan differ"
-    kept = now.get("outcomes", []) + now.get("superseded", [])
-    if any(o not in kept for o in was["outcomes"]):
-        return "an outcome of the committed window is missing from it"
-    for path in sorted(p for p in old.rglob("*") if p.is_file()):
-        rel = path.relative_to(old).as_posix()
-        if rel in ("summary.json", "summary.md"):
-            continue
-        place = rel
-        for call in calls[len(was["calls"]):]:  # each later call's moves, in order
-            moved = call.get("moved", {})
-            place = next((moved[k] + place[len(k):] for k in moved if place == k or place.startswith(k + "/")), place)
-        if member(place) != path.read_bytes():
-            return f"{rel} is not in it as committed"
-    return None
-
-
-def unpack_window(archive: Path, records: Path) -> Path:
-    """Extract a window packed by ``pack_window`` into ``records/<time>/`` and return that folder.
-    Refuses an archive that is not one window with its summary.json, and a window already in
-    ``records`` (records are never overwritten) unless the archive is that window continued
-    (``--continue``), which then replaces it: it holds every file of it."""
-    if not archive.is_file():
-        raise SystemExit(f"{archive}: no such file; pass the <time>.tar.gz that gpu_check --pack wrote")
-    with tarfile.open(archive) as tar:
-        names = tar.getnames()
-        tops = {Path(n).parts[0] for n in names}
-        top = tops.pop() if len(tops) == 1 else ""
-        if not WINDOW_NAME.fullmatch(top) or f"{top}/summary.json" not in names:
-            raise SystemExit(f"{archive}: not one gpu-check window (<time>/summary.json); "
-                             f"pack one with python -m pipelines.gpu_check --pack DIR")
-        target = records / top
-        if not target.exists():
-            records.mkdir(parents=True, exist_ok=True)
-            tar.extractall(records, filter="data")  # no absolute paths, no links out, no devices
-            return target
-        why = _not_a_continuation(target, tar, top) if (target / "summary.json").is_file() else "no summary there"
-        if why is not None:
-            raise SystemExit(f"{target} exists and {archive} does not continue it ({why}): a committed window "
-                             f"is never overwritten; compare them by hand")
-        incoming = records / f".{top}.incoming"
-        shutil.rmtree(incoming, ignore_errors=True)
-        incoming.mkdir()
-        tar.extractall(incoming, filter="data")
-    old = records / f".{top}.replaced"
-    target.rename(old)
-    (incoming / top).rename(target)
-    shutil.rmtree(old)
-    incoming.rmdir()
-    return target
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import gpu_check, gpu_targets
+from pipelines import gpu_check, gpu_page, gpu_targets, gpu_windows
 
 
 def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
@@ -144,7 +144,7 @@ def test_a_step_the_budget_stopped_keeps_the_older_verdict_on_the_page(tmp_path:
     cut = json.loads(later.read_text())
     cut["outcomes"][1].update(passed=False, returncode=None, budget_cut=True)
     later.write_text(json.dumps(cut))
-    page = gpu_check.page_md([json.loads((p / "summary.json").read_text()) for p in sorted(records.iterdir())])
+    page = gpu_page.page_md([json.loads((p / "summary.json").read_text()) for p in sorted(records.iterdir())])
     newest = page.split("## Newest verdict of each check")[1].split("## Window")[0]
     assert "| fsdp | pass | 20261126-000000 |" in newest
     assert "not finished (--budget spent; --continue runs it)" in page and "cut off (time limit)" not in page
@@ -172,7 +172,7 @@ def test_a_packed_window_is_rewritten_after_every_step(tmp_path: Path, monkeypat
     monkeypatch.setattr(gpu_check, "environment", lambda: env)
     monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: steps)
     packed: list[list[str]] = []
-    real_pack = gpu_check.pack_window
+    real_pack = gpu_windows.pack_window
 
     def pack_and_look(window: Path, archive: Path) -> None:
         real_pack(window, archive)
@@ -187,7 +187,7 @@ def test_a_packed_window_is_rewritten_after_every_step(tmp_path: Path, monkeypat
     stamp = archive.name.removesuffix(".tar.gz")
     assert len(packed) == 4 and all(f"{stamp}/summary.json" in names for names in packed)  # at once, then a step each
     assert {f"{stamp}/{i:02d}.log" for i in range(3)} <= set(packed[-1])
-    window = gpu_check.unpack_window(archive, tmp_path / "results")
+    window = gpu_windows.unpack_window(archive, tmp_path / "results")
     outcomes = json.loads((window / "summary.json").read_text())["outcomes"]
     assert [(o["name"], o["passed"]) for o in outcomes] == [("a", True), ("b", False), ("t", True)]
     assert (window / "02.log").read_text() == (tmp_path / "records" / stamp / "02.log").read_text()
@@ -197,23 +197,23 @@ def test_unpack_never_overwrites_a_window_and_refuses_what_is_not_one(tmp_path: 
     window = summary(tmp_path / "device", gpu=True)
     (window / "benchmark").mkdir()
     (window / "benchmark" / "efficiency.md").write_text("# tables\n")
-    gpu_check.pack_window(window, tmp_path / "out" / "w.tar.gz")
+    gpu_windows.pack_window(window, tmp_path / "out" / "w.tar.gz")
     records = tmp_path / "records"
     assert gpu_check.main(["--records", str(records), "--unpack", str(tmp_path / "out" / "w.tar.gz")]) == 0
     landed = records / window.name
     assert (landed / "benchmark" / "efficiency.md").read_text() == "# tables\n"
     (landed / "00.log").write_text("committed")
     with pytest.raises(SystemExit, match="never overwritten"):
-        gpu_check.unpack_window(tmp_path / "out" / "w.tar.gz", records)
+        gpu_windows.unpack_window(tmp_path / "out" / "w.tar.gz", records)
     assert (landed / "00.log").read_text() == "committed"
     stray = tmp_path / "stray.tar.gz"
     with tarfile.open(stray, "w:gz") as tar:  # a folder that is no window: no summary.json
         tar.add(window / "benchmark", arcname="20261126-000001")
     with pytest.raises(SystemExit, match="not one gpu-check window"):
-        gpu_check.unpack_window(stray, records)
+        gpu_windows.unpack_window(stray, records)
     assert not (records / "20261126-000001").exists()
     with pytest.raises(SystemExit, match="no such file"):
-        gpu_check.unpack_window(tmp_path / "missing.tar.gz", records)
+        gpu_windows.unpack_window(tmp_path / "missing.tar.gz", records)
 
 
 def summary(tmp_path: Path, gpu: bool, stamp: str = "20261126-000000", fsdp_passed: bool = False) -> Path:
@@ -233,9 +233,9 @@ def test_the_page_renders_from_gpu_runs_only(tmp_path: Path) -> None:
     page = tmp_path / "gpu.md"
     gpu = summary(tmp_path / "records", gpu=True)
     with pytest.raises(SystemExit, match="ran without a GPU"):
-        gpu_check.render([gpu, summary(tmp_path / "cpu", gpu=False)], page)
+        gpu_page.render([gpu, summary(tmp_path / "cpu", gpu=False)], page)
     assert not page.exists()
-    gpu_check.render([gpu], page)
+    gpu_page.render([gpu], page)
     text = page.read_text()
     assert "NVIDIA H100 80GB HBM3" in text and "| kernel | pass |" in text and "| fsdp | FAIL |" in text
     assert "1 of 2 steps passed" in text and '- fsdp: `{"err": 0.01}`' in text
@@ -250,14 +250,14 @@ def test_the_page_names_the_window_where_it_lies_and_its_benchmark_tables(tmp_pa
     (window / "summary.json").write_text(json.dumps(recorded | {"dir": "/device/out/gpu-check/20261126-000000"}))
     (window / "benchmark").mkdir()
     (window / "benchmark" / "efficiency.md").write_text("# tables\n")
-    gpu_check.render([window], tmp_path / "gpu.md")
+    gpu_page.render([window], tmp_path / "gpu.md")
     text = (tmp_path / "gpu.md").read_text()
     assert "/device/out" not in text and f"`{window}`: commit" in text
     assert f"`{window / 'benchmark' / 'efficiency.md'}`" in text and "by length" not in text
-    assert gpu_check.FULL_SQUARE in text  # the TFLOP/s of a causal kernel count the whole square
+    assert gpu_page.FULL_SQUARE in text  # the TFLOP/s of a causal kernel count the whole square
     (window / "sweep").mkdir()
     (window / "sweep" / "sweep.md").write_text("# by length\n")
-    gpu_check.render([window], tmp_path / "gpu.md")
+    gpu_page.render([window], tmp_path / "gpu.md")
     assert f"The attention operator by length: `{window / 'sweep' / 'sweep.md'}`" in (tmp_path / "gpu.md").read_text()
 
 
@@ -284,7 +284,7 @@ def test_the_page_says_whether_make_gpu_check_ran_whole_and_passed(tmp_path: Pat
     partial = summary(records, gpu=True, stamp="20261126-010000", fsdp_passed=True) / "summary.json"
     data = json.loads(partial.read_text())
     partial.write_text(json.dumps({**data, "suite": "core", "only": None, "planned": ["kernel", "fsdp", "throughput"]}))
-    assert not gpu_check.complete_core_run(json.loads(partial.read_text()))  # throughput never ran
+    assert not gpu_page.complete_core_run(json.loads(partial.read_text()))  # throughput never ran
     gpu_check.main(["--records", str(records), "--render", str(tmp_path / "gpu.md")])
     text = (tmp_path / "gpu.md").read_text()
     assert "No window has yet run `make gpu-check` whole" in text and "(suite core: 3 steps planned)" in text
@@ -295,7 +295,7 @@ def test_the_page_says_whether_make_gpu_check_ran_whole_and_passed(tmp_path: Pat
     text = (tmp_path / "gpu.md").read_text()
     assert "ran whole with every step passing in: 20261126-020000 (NVIDIA H100 80GB HBM3" in text
     only = {**json.loads(whole.read_text()), "only": "kernel,fsdp"}
-    assert not gpu_check.complete_core_run(only)  # --only is never the whole proof
+    assert not gpu_page.complete_core_run(only)  # --only is never the whole proof
 
 
 def test_the_page_renders_step_profiles_as_tables_and_judges_the_compiled_ratio(tmp_path: Path) -> None:
@@ -592,11 +592,11 @@ def test_a_window_cut_by_the_budget_is_finished_by_a_second_call(tmp_path: Path,
     assert gpu_check.main(["--records", str(tmp_path / "device"), "--runs", str(runs), "--pack",
                            str(tmp_path / "out1"), "--budget", "2"]) == 1
     (archive,) = (tmp_path / "out1").iterdir()
-    window = gpu_check.unpack_window(archive, results)  # committed here
+    window = gpu_windows.unpack_window(archive, results)  # committed here
     first = json.loads((window / "summary.json").read_text())
     assert [(o["name"], o["passed"], o["budget_cut"]) for o in first["outcomes"]] == [("a", True, False),
                                                                                       ("t1", False, True)]
-    assert not gpu_check.complete_core_run(first) and gpu_check.pending_steps(first) == ["t1", "t2"]
+    assert not gpu_page.complete_core_run(first) and gpu_windows.pending_steps(first) == ["t1", "t2"]
 
     # the next call: the tree (the committed window with it) is copied to the device again
     _fake_gpu(monkeypatch, [_sleeper(n, n != "a", 0.1) for n in names])
@@ -609,15 +609,15 @@ def test_a_window_cut_by_the_budget_is_finished_by_a_second_call(tmp_path: Path,
     # a retried call 2 (one that died before any outcome came back) gets runs of its own
     (call2,) = seen_runs
     assert call2.parent.name.startswith(f"{window.name}-call2-") and len(call2.parent.name) > len(window.name) + 7
-    continued = gpu_check.unpack_window(tmp_path / "out2" / archive.name, results)
+    continued = gpu_windows.unpack_window(tmp_path / "out2" / archive.name, results)
     assert continued == window
     done = json.loads((window / "summary.json").read_text())
     assert [o["name"] for o in done["outcomes"]] == list(names) and all(o["passed"] for o in done["outcomes"])
     assert [o["log"] for o in done["outcomes"]] == ["00.log", "call2-00.log", "call2-01.log"]
     assert [o["name"] for o in done["superseded"]] == ["t1"] and done["calls"][1]["ran"] == ["t1", "t2"]
     assert (window / "01.log").is_file()  # the cut step's first log is kept
-    assert gpu_check.complete_core_run(done)
-    page = gpu_check.page_md([done])
+    assert gpu_page.complete_core_run(done)
+    page = gpu_page.page_md([done])
     assert "2 calls, same GPU, stack and code" in page
     assert f"ran whole with every step passing in: {window.name} (fake, commit abc; 2 calls" in page
     # nothing is left to continue
@@ -655,7 +655,7 @@ def test_a_continuation_sets_partial_outputs_aside_and_unpack_checks_every_file(
                            "--budget", "2"]) == 1
     (window,) = device.iterdir()
     results = tmp_path / "results"
-    gpu_check.unpack_window(tmp_path / "o1" / f"{window.name}.tar.gz", results)
+    gpu_windows.unpack_window(tmp_path / "o1" / f"{window.name}.tar.gz", results)
     monkeypatch.setattr(gpu_check, "checks", lambda runs, record, suite: [
         gpu_check.Check("sweep", (sys.executable, "-c", "import os, sys; d = sys.argv[1][6:]; "
                                   "os.makedirs(d); open(d + '/t.md', 'w').write('whole')",
@@ -666,11 +666,11 @@ def test_a_continuation_sets_partial_outputs_aside_and_unpack_checks_every_file(
     archive = tmp_path / "o2" / f"{window.name}.tar.gz"
 
     (window / "sweep.cut-2" / "t.md").write_text("tampered")  # a continuation that changed a kept file
-    gpu_check.pack_window(window, tmp_path / "bad" / archive.name)
+    gpu_windows.pack_window(window, tmp_path / "bad" / archive.name)
     with pytest.raises(SystemExit, match="does not continue it .sweep/t.md is not in it"):
-        gpu_check.unpack_window(tmp_path / "bad" / archive.name, results)
+        gpu_windows.unpack_window(tmp_path / "bad" / archive.name, results)
     assert (results / window.name / "sweep" / "t.md").read_text() == "partial"
-    landed = gpu_check.unpack_window(archive, results)
+    landed = gpu_windows.unpack_window(archive, results)
     assert (landed / "sweep" / "t.md").read_text() == "whole"
     assert (landed / "sweep.cut-2" / "t.md").read_text() == "partial"
 
@@ -730,10 +730,10 @@ def test_a_window_is_recorded_before_its_first_step_ends(tmp_path: Path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         gpu_check.main(["--records", str(tmp_path / "device"), "--runs", str(tmp_path), "--pack", str(tmp_path / "o")])
     (archive,) = (tmp_path / "o").iterdir()
-    window = gpu_check.unpack_window(archive, tmp_path / "results")
+    window = gpu_windows.unpack_window(archive, tmp_path / "results")
     summary = json.loads((window / "summary.json").read_text())
     assert summary["environment"]["device"] == "fake" and summary["planned"] == ["a"] and summary["outcomes"] == []
-    assert gpu_check.pending_steps(summary) == ["a"]
+    assert gpu_windows.pending_steps(summary) == ["a"]
 
 
 def test_a_continuation_that_died_is_retried_as_the_next_call(tmp_path: Path, monkeypatch) -> None:
@@ -755,7 +755,7 @@ def test_a_continuation_that_died_is_retried_as_the_next_call(tmp_path: Path, mo
     assert gpu_check.main(["--records", str(device), "--runs", str(tmp_path), "--pack", str(tmp_path / "o1"),
                            "--budget", "2"]) == 1
     (window,) = device.iterdir()
-    gpu_check.unpack_window(tmp_path / "o1" / f"{window.name}.tar.gz", results)  # committed: call 1
+    gpu_windows.unpack_window(tmp_path / "o1" / f"{window.name}.tar.gz", results)  # committed: call 1
 
     real_run_steps = gpu_check.run_steps
 
@@ -775,7 +775,7 @@ def test_a_continuation_that_died_is_retried_as_the_next_call(tmp_path: Path, mo
     assert gpu_check.main(["--continue", str(window), "--runs", str(tmp_path), "--pack", str(tmp_path / "o2")]) == 0
     assert [(window / d / "t.md").read_text() for d in ("sweep.cut-2", "sweep.cut-3", "sweep")] == [
         "partial", "partial 2", "whole"]
-    landed = gpu_check.unpack_window(tmp_path / "o2" / f"{window.name}.tar.gz", results)  # calls 2 and 3 at once
+    landed = gpu_windows.unpack_window(tmp_path / "o2" / f"{window.name}.tar.gz", results)  # calls 2 and 3 at once
     assert (landed / "sweep" / "t.md").read_text() == "whole" and (landed / "sweep.cut-2" / "t.md").read_text() == "partial"
     (window / "sweep.cut-4").mkdir()  # a name a call left unrecorded (it died at once): never renamed onto
     step = gpu_check.Check("sweep", (f"--out={window}/sweep",), 30)
@@ -854,4 +854,4 @@ def test_the_page_tables_the_timed_presets_with_tape_over_rope(tmp_path: Path) -
     assert "| flipflop/gpu | rope | 0.0500 | 40 | 80.0 | 10000 | 20.5 | - |" in text
     assert "| flipflop/gpu | tape | 0.0600 | 40 | 80.0 | 10000 | 20.5 | 1.200 |" in text
     assert "counting/gpu" not in text and text.count("| flipflop/gpu |") == 2
-    assert gpu_check._numbers(summary) == []  # tabled, not repeated as raw JSON
+    assert gpu_page._numbers(summary) == []  # tabled, not repeated as raw JSON
