@@ -1,7 +1,7 @@
 """Parameter-efficient context extension recipes (tape-spec B.3), one function call each.
 
-All four apply linear position interpolation by target/original context, as in the paper, and
-train embeddings and norms besides their own parameters ("LoRA+" in LongLoRA's terms):
+Each applies linear position interpolation by target/original context, as in the paper, and
+trains embeddings and norms besides its own parameters ("LoRA+" in LongLoRA's terms):
 - ``tape``: TAPE's maps (+ embeddings and norms). ``train_post_attn=False`` freezes the
   post-attention map at zero, which is what the official code did (its name filter missed it).
 - ``lora``: LoRA r=8, alpha=16, dropout 0 on q, k, v, o (via peft).
