@@ -548,7 +548,8 @@ def test_recipes_of_one_run_are_arms_that_pair_by_seed(tmp_path: Path) -> None:
 
 def test_the_control_recipe_claim_reads_only_runs_with_its_recipe_list(tmp_path: Path) -> None:
     """C7a's arms are recipes of runs made with extend.recipes=[tape,lora,embed_norm] at seeds
-    15-20: a preset run at those seeds (no control recipe) is not read, and C7 never reads them."""
+    15-20: newer preset runs at those seeds (no control recipe) are not read, and C7 never reads
+    them."""
     runs = tmp_path / "runs"
     base = {"task": {"name": "context_extension"}, "pe": {"name": "llama"}, "paired_init": True}
     for seed in range(15, 21):
@@ -556,8 +557,8 @@ def test_the_control_recipe_claim_reads_only_runs_with_its_recipe_list(tmp_path:
         books = {"tape": control * 1.02, "lora": control * 0.99, "embed_norm": control}
         make_run(runs, "context_extension/cpu", "llama", seed, f"20261207-0500{seed:02d}-eeeeee-0",
                  extension_metrics(books), {**base, "extend": {"recipes": ["tape", "lora", "embed_norm"]}})
-    make_run(runs, "context_extension/cpu", "llama", 15, "20261207-060000-dddddd-0",  # the preset's recipes
-             extension_metrics({m: 50.0 for m in RECIPES}), {**base, "extend": {"recipes": list(RECIPES)}})
+        make_run(runs, "context_extension/cpu", "llama", seed, f"20261207-0600{seed:02d}-dddddd-0",  # the preset's
+                 extension_metrics({m: 50.0 for m in RECIPES}), {**base, "extend": {"recipes": list(RECIPES)}})
     render(runs, tmp_path / "results")
     claims = rows(tmp_path / "results" / "tables" / "claims_all.csv")
     c7a = claims["C7a"]
