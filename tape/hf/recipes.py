@@ -88,8 +88,7 @@ def apply_recipe(
         return model
 
     if recipe == "embed_norm":
-        for p in model.parameters():
-            p.requires_grad_(False)
+        model.requires_grad_(False)
         _unfreeze_embeddings_and_norms(model)
         return model
 
