@@ -115,6 +115,25 @@ def test_smoke_preset_runs_every_recipe_then_reuses_the_models(tmp_path, data_di
         extend(extend_cfg(tmp_path, data_dir, name="again"))  # a run directory is never reused
 
 
+def test_maps_off_scores_the_tape_model_again_without_its_maps(tmp_path, data_dir, monkeypatch):
+    """eval.maps_off=[tape]: the saved TAPE model is scored twice, the second time (method
+    tape_maps_off) after switch_off_maps, whose effect tests/test_hf.py checks."""
+    import pipelines.tasks.context_extension.runner as runner
+    from tape.hf import TapeLlamaForCausalLM, switch_off_maps
+
+    switched = []
+    monkeypatch.setattr(runner, "switch_off_maps", lambda m: switched.append(m) or switch_off_maps(m))
+    cfg = extend_cfg(tmp_path, data_dir, "extend.recipes=[tape]", "eval.maps_off=[tape]")
+    metrics = extend(cfg)
+    assert len(switched) == 1 and isinstance(switched[0], TapeLlamaForCausalLM)
+    assert all(not p.any() for n, p in switched[0].named_parameters() if n.endswith("pe.w1.weight"))
+    ppl = _read_csv(Path(cfg.paths.output_dir) / "perplexity.csv")
+    assert list(dict.fromkeys(r["method"] for r in ppl)) == ["base", "tape", "tape_maps_off"]
+    assert metrics["time_eval_tape_maps_off_s"] > 0 and "tape_maps_off_model" not in metrics
+    assert {f"ppl_{c}_256_tape_maps_off" for c in ("books", "stdlib")} <= set(metrics)
+    assert "passkey_256_tape_maps_off" in metrics
+
+
 def arc_items(root: Path, n: int = 4) -> Path:
     """``n`` ARC-Easy items of invented words under root/arc_easy/test.jsonl."""
     (root / "arc_easy").mkdir(parents=True)
@@ -396,6 +415,9 @@ def test_a_pretrained_model_is_not_fed_the_books_bpe(tmp_path):
     ("model.frozen_dtype=bfloat16", "model.frozen_dtype=bfloat16 stores frozen weights .* trainer.precision=bf16-mixed"),
     ("trainer.precision=bf16-true", "trainer.precision=bf16-true would train the weights in low precision"),
     ("trainer.precision=64-true", "trainer.precision=64-true: choose"),
+    ("eval.maps_off=[lora]", "eval.maps_off lists lora, whose recipe is not tape"),
+    ("eval.maps_off=[embed_norm]", "eval.maps_off lists embed_norm, which extend.recipes does not train"),
+    ("eval.maps_off=tape", "eval.maps_off='tape': a list of recipe names"),
 ])
 def test_impossible_settings_name_their_key(override, key):
     with pytest.raises(PipelineConfigError, match=key.replace("[", r"\[")):

@@ -1,6 +1,8 @@
 """TAPE in Hugging Face Llama models and the context-extension recipes, on tiny random
 configs built here (no download)."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +10,7 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from tape.hf import TapeLlamaForCausalLM, add_tape  # noqa: E402
+from tape.hf import TapeLlamaForCausalLM, add_tape, switch_off_maps  # noqa: E402
 from tape.hf.recipes import apply_recipe, trainable_parameters  # noqa: E402
 from tape.hf.io import enable_checkpointing  # noqa: E402
 from tape.hf.s2attn import shifted_sparse_attention  # noqa: E402
@@ -34,11 +36,11 @@ def tiny_llama(kv: int = 4, rope: dict | None = None, layers: int = 3, seed: int
     return model
 
 
-def _randomize_tape(model):
+def _randomize_tape(model, std: float = 0.1):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".pe." in name:
-                p.normal_(0, 0.1)
+                p.normal_(0, std)
 
 
 @pytest.mark.parametrize("case", ROPES)
@@ -57,6 +59,63 @@ def test_add_tape_is_identity_at_init(case):
         assert (tape_model(ids).logits - before).abs().max() > 1e-3  # TAPE's weights act
 
 
+@pytest.mark.parametrize("case", ROPES)
+@pytest.mark.parametrize("options", [{}, {"post_attn": "rowsum", "zero_init": "w2"}])
+def test_switching_off_trained_maps_gives_back_the_llama(case, options):
+    """Maps trained anywhere (every TAPE weight random), then switched off: the logits are the
+    Llama's again, while its own weights changed since add_tape stay changed."""
+    kv, rope = ROPES[case]
+    model = tiny_llama(kv, rope)
+    ids = torch.randint(0, 50, (2, 30))
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.5)  # a trained non-TAPE weight: kept by the switch-off
+        before = model(ids).logits
+        tape_model = add_tape(model, **options)
+        _randomize_tape(tape_model)
+        assert (tape_model(ids).logits - before).abs().max() > 1e-3
+        assert switch_off_maps(tape_model) == 2  # every layer but the last updates E
+        after = tape_model(ids).logits
+    assert (after - before).abs().max() <= 1e-5
+    assert any(p.abs().sum() > 0 for n, p in tape_model.named_parameters() if ".pe.w2" in n)  # not all zeroed
+    with pytest.raises(TypeError, match="add_tape"):
+        switch_off_maps(tiny_llama())
+
+
+def _layer_e(model, ids):
+    """E after every layer's update, (B, He, N, d) each, from forward hooks."""
+    rots = []
+    hooks = [layer.register_forward_hook(lambda _m, _a, out: rots.append(out[1])) for layer in model.model.layers]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    return rots
+
+
+@pytest.mark.parametrize("case", ["mha", "gqa-pi"])
+def test_official_recipe_maps_only_rescale_the_rotary_table(case):
+    """With the post-attention map at zero (the official recipe freezes it there), the PE-MLP
+    mixes E's heads, which all start as the one rotary table: every layer's E is that table times
+    a scalar per token and head, so its angles stay RoPE's. A trained post map mixes E across
+    tokens (A·E) and moves them."""
+    kv, rope = ROPES[case]
+    ids = torch.randint(0, 50, (2, 30))
+    for post_map_trained in (False, True):
+        model = add_tape(tiny_llama(kv, rope), post_attn="rowsum")
+        _randomize_tape(model, std=1.0)
+        if not post_map_trained:
+            with torch.no_grad():
+                for layer in model.model.layers:
+                    if layer.pe.post_attn is not None:
+                        layer.pe.post_attn.weight.zero_()
+        off = copy.deepcopy(model)
+        switch_off_maps(off)
+        table = _layer_e(off, ids)[0]  # (B, He, N, d): the rotary table, E of every layer there
+        for e in _layer_e(model, ids)[:-1]:  # the last layer does not update E
+            scale = (e * table).sum(-1, keepdim=True) / (table * table).sum(-1, keepdim=True)  # (B, He, N, 1)
+            off_table = (e - scale * table).abs().max()
+            assert (scale - 1).abs().max() > 1e-2  # the MLP acts
+            assert (off_table > 1e-3) if post_map_trained else (off_table < 1e-5), off_table
 @pytest.mark.parametrize("case", ["mha", "gqa-pi"])
 @pytest.mark.parametrize("cast", ["to_bf16", "half"])
 def test_casting_a_tape_model_keeps_its_rotary_frequencies_fp32(case, cast):

@@ -4,8 +4,8 @@ Importing this package registers ``TapeLlamaConfig`` / ``TapeLlamaForCausalLM`` 
 transformers' Auto classes, so ``AutoModelForCausalLM.from_pretrained`` reloads saved TAPE models.
 """
 
-from tape.hf.llama import TapeLlamaConfig, TapeLlamaForCausalLM, add_tape, register_auto_classes
+from tape.hf.llama import TapeLlamaConfig, TapeLlamaForCausalLM, add_tape, register_auto_classes, switch_off_maps
 
 register_auto_classes()
 
-__all__ = ["TapeLlamaConfig", "TapeLlamaForCausalLM", "add_tape"]
+__all__ = ["TapeLlamaConfig", "TapeLlamaForCausalLM", "add_tape", "switch_off_maps"]

@@ -268,6 +268,23 @@ def add_tape(model: LlamaForCausalLM, **options: Any) -> TapeLlamaForCausalLM:
     return model
 
 
+def switch_off_maps(model: TapeLlamaForCausalLM) -> int:
+    """Zero every TAPE layer's post-attention map and its MLP's first factor W1 (in place): both
+    E updates vanish, E stays the rotary table in every layer, and the model computes the plain
+    Llama with its other (trained) weights. Returns the number of layers that update E."""
+    if not isinstance(getattr(model, "model", None), TapeLlamaModel):
+        raise TypeError(f"switch_off_maps expects a model with TAPE (add_tape), got {type(model).__name__}")
+    updating = 0
+    with torch.no_grad():
+        for pe in (m for m in model.modules() if isinstance(m, TAPELayer)):
+            if pe.post_attn is not None:
+                pe.post_attn.weight.zero_()
+            if pe.x_proj is not None:
+                pe.w1.weight.zero_()  # the MLP adds M·E, M = W2 diag(gate) W1 per token
+            updating += pe.post_attn is not None or pe.x_proj is not None
+    return updating
+
+
 def register_auto_classes() -> None:
     """Let ``AutoConfig`` / ``AutoModelForCausalLM.from_pretrained`` load saved TAPE models."""
     AutoConfig.register(TapeLlamaConfig.model_type, TapeLlamaConfig, exist_ok=True)

@@ -56,6 +56,20 @@ def _check_multiple_choice(cfg: DictConfig) -> None:
             raise PipelineConfigError(message) from None
 
 
+def _check_maps_off(cfg: DictConfig) -> None:
+    """eval.maps_off names extended TAPE models of this run."""
+    names = cfg.eval.get("maps_off") or []
+    if not (OmegaConf.is_list(names) or isinstance(names, list)):
+        raise PipelineConfigError(f"eval.maps_off={names!r}: a list of recipe names, e.g. 'eval.maps_off=[tape]'")
+    for name in names:
+        if name not in cfg.extend.recipes:
+            raise PipelineConfigError(f"eval.maps_off lists {name}, which extend.recipes does not train "
+                                      f"({list(cfg.extend.recipes)}); add it there or remove it here")
+        if recipe_spec(cfg, name)[0] != "tape":
+            raise PipelineConfigError(f"eval.maps_off lists {name}, whose recipe is not tape: only TAPE "
+                                      f"recipes have maps to switch off")
+
+
 def _check_precision(cfg: DictConfig) -> None:
     precision = str(cfg.trainer.precision)
     if precision.endswith("-true") and not precision.startswith(("32", "64")):
@@ -148,6 +162,7 @@ def validate(cfg: DictConfig) -> None:
             raise PipelineConfigError(
                 f"extend.context={T} must split into recipes.{name}.s2attn_groups={groups} groups of "
                 f"even size (a multiple of {2 * groups}) for LongLoRA's shifted sparse attention")
+    _check_maps_off(cfg)
     for section in ("base", "extend"):
         s = cfg[section]
         if not 0 <= s.passkey_rows <= s.batch_size:

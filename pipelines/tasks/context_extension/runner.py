@@ -24,6 +24,7 @@ from pipelines.tasks.context_extension.stages import (
     base_stage, evaluate_stage, passkey_check, recipe_stage,
 )
 from pipelines.tasks.multiple_choice import FIELDS as MC_FIELDS, metric_name, summary, write_records
+from tape.hf import switch_off_maps
 from tape.hf.io import load_model
 from tape.hf_names import DTYPES
 
@@ -92,9 +93,11 @@ def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: 
     metrics: dict[str, Any] = {}
     ppl_rows, key_rows, choice_rows, choice_records = [], [], [], {}
     dtype, device = DTYPES[cfg.eval.dtype], eval_device(cfg)
-    for method, path in trained.items():
+    for method, path, maps_off in evaluations(cfg, trained):
         t = time.perf_counter()
         model = load_model(path, dtype, device)
+        if maps_off:
+            switch_off_maps(model)
         p, k, c = evaluate_stage(cfg, method, model, data)
         del model
         ppl_rows.extend(p)
@@ -125,6 +128,14 @@ def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: 
                  f"Passkey retrieval, {cfg.experiment_name} (C={cfg.model.context})", cfg.model.context)
     print(tables)
     return metrics
+
+
+def evaluations(cfg: DictConfig, trained: dict[str, Path]) -> list[tuple[str, Path, bool]]:
+    """(method, saved model, maps switched off) in scoring order: each trained model, and right
+    after a recipe named in eval.maps_off the same model with TAPE's maps switched off."""
+    off = set(cfg.eval.get("maps_off") or ())
+    return [row for name, path in trained.items()
+            for row in ((name, path, False), *(((f"{name}_maps_off", path, True),) if name in off else ()))]
 
 
 def _base_check(cfg: DictConfig, key_rows: list[dict[str, Any]]) -> dict[str, Any]:
