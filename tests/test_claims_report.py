@@ -569,6 +569,30 @@ def test_the_control_recipe_claim_reads_only_runs_with_its_recipe_list(tmp_path:
     assert claims["C7"]["n paired seeds (planned)"].startswith("0 ")
 
 
+def test_the_maps_off_claim_reads_only_runs_that_scored_the_maps_off(tmp_path: Path) -> None:
+    """C7m pairs each run's TAPE model with itself, maps switched off, at seeds 21-26, from runs
+    made with extend.recipes=[tape] and eval.maps_off=[tape]; a newer run at those seeds without
+    eval.maps_off is not read."""
+    runs = tmp_path / "runs"
+    base = {"task": {"name": "context_extension"}, "pe": {"name": "llama"}, "paired_init": True}
+    for seed in range(21, 27):
+        off = 60.0 + seed
+        make_run(runs, "context_extension/cpu", "llama", seed, f"20261207-0700{seed:02d}-eeeeee-0",
+                 extension_metrics({"tape": off * 0.98, "tape_maps_off": off}),
+                 {**base, "extend": {"recipes": ["tape"]}, "eval": {"maps_off": ["tape"]}})
+        make_run(runs, "context_extension/cpu", "llama", seed, f"20261207-0800{seed:02d}-dddddd-0",
+                 extension_metrics({"tape": 50.0}), {**base, "extend": {"recipes": ["tape"]}, "eval": {"maps_off": []}})
+    render(runs, tmp_path / "results")
+    claims = rows(tmp_path / "results" / "tables" / "claims_all.csv")
+    for claim in ("C7m", "C7ms"):
+        assert claims[claim]["n paired seeds (planned)"] == "6 (planned 6)"
+        assert claims[claim]["effect Δ [95 % CI]"].startswith(f"Δ {np.log(0.98):+.3f} [")
+        assert claims[claim]["verdict"].startswith("**better**")
+        assert claims[claim]["comparison (Δ = first - second)"].startswith(
+            "TAPE (official recipe) - TAPE (official recipe), maps switched off")
+    assert claims["C7a"]["n paired seeds (planned)"].startswith("0 ")
+
+
 def test_a_recipe_curve_reads_only_its_own_recipe() -> None:
     from tape.report.claim_figures import METHOD_CURVES
     from tape.report.runs import Run
