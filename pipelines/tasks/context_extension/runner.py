@@ -134,8 +134,12 @@ def evaluations(cfg: DictConfig, trained: dict[str, Path]) -> list[tuple[str, Pa
     """(method, saved model, maps switched off) in scoring order: each trained model, and right
     after a recipe named in eval.maps_off the same model with TAPE's maps switched off."""
     off = set(cfg.eval.get("maps_off") or ())
-    return [row for name, path in trained.items()
-            for row in ((name, path, False), *(((f"{name}_maps_off", path, True),) if name in off else ()))]
+    rows = []
+    for name, path in trained.items():
+        rows.append((name, path, False))
+        if name in off:
+            rows.append((f"{name}_maps_off", path, True))
+    return rows
 
 
 def _base_check(cfg: DictConfig, key_rows: list[dict[str, Any]]) -> dict[str, Any]:
