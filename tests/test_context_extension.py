@@ -121,11 +121,13 @@ def test_maps_off_scores_the_tape_model_again_without_its_maps(tmp_path, data_di
     import pipelines.tasks.context_extension.runner as runner
     from tape.hf import TapeLlamaForCausalLM, switch_off_maps
 
-    switched = []
+    switched, loaded = [], []
     monkeypatch.setattr(runner, "switch_off_maps", lambda m: switched.append(m) or switch_off_maps(m))
+    monkeypatch.setattr(runner, "load_model", lambda path, *a: loaded.append(path) or load_model(path, *a))
     cfg = extend_cfg(tmp_path, data_dir, "extend.recipes=[tape]", "eval.maps_off=[tape]")
     metrics = extend(cfg)
     assert len(switched) == 1 and isinstance(switched[0], TapeLlamaForCausalLM)
+    assert [Path(p).name.split("-")[0] for p in loaded] == ["base", "tape"]  # each saved model loads once
     assert all(not p.any() for n, p in switched[0].named_parameters() if n.endswith("pe.w1.weight"))
     ppl = _read_csv(Path(cfg.paths.output_dir) / "perplexity.csv")
     assert list(dict.fromkeys(r["method"] for r in ppl)) == ["base", "tape", "tape_maps_off"]

@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig
+from torch import nn
 
 from pipelines import wandb_log
 from pipelines.result_files import write_csv, write_json_once
@@ -93,13 +94,10 @@ def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: 
     metrics: dict[str, Any] = {}
     ppl_rows, key_rows, choice_rows, choice_records = [], [], [], {}
     dtype, device = DTYPES[cfg.eval.dtype], eval_device(cfg)
-    for method, path, maps_off in evaluations(cfg, trained):
-        t = time.perf_counter()
-        model = load_model(path, dtype, device)
-        if maps_off:
-            switch_off_maps(model)
+    t = time.perf_counter()
+    for method, model in scored_models(cfg, trained, dtype, device):
         p, k, c = evaluate_stage(cfg, method, model, data)
-        del model
+        del model  # before the next model loads
         ppl_rows.extend(p)
         key_rows.extend(k)
         choice_records[method] = c
@@ -110,6 +108,7 @@ def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: 
         metrics.update({f"{metric_name(r, 'acc')}_{method}": r["acc"] for r in choice_rows if r["method"] == method})
         if method == "base":
             metrics.update(_base_check(cfg, k))
+        t = time.perf_counter()
     write_csv(ppl_rows, PPL_FIELDS, run_dir / "perplexity.csv")
     write_csv(key_rows, PASSKEY_FIELDS, run_dir / "passkey.csv")
     tables = (f"## Perplexity (lower is better; bold = best extended model)\n\n{perplexity_table(ppl_rows)}\n\n"
@@ -130,16 +129,18 @@ def evaluate_all(cfg: DictConfig, trained: dict[str, Path], data: Any, run_dir: 
     return metrics
 
 
-def evaluations(cfg: DictConfig, trained: dict[str, Path]) -> list[tuple[str, Path, bool]]:
-    """(method, saved model, maps switched off) in scoring order: each trained model, and right
-    after a recipe named in eval.maps_off the same model with TAPE's maps switched off."""
+def scored_models(cfg: DictConfig, trained: dict[str, Path], dtype: torch.dtype,
+                  device: str) -> Iterator[tuple[str, nn.Module]]:
+    """(method, model) in scoring order: each saved model, loaded once, and right after a recipe
+    named in eval.maps_off the same model with TAPE's maps switched off (``<name>_maps_off``)."""
     off = set(cfg.eval.get("maps_off") or ())
-    rows = []
     for name, path in trained.items():
-        rows.append((name, path, False))
+        model = load_model(path, dtype, device)
+        yield name, model
         if name in off:
-            rows.append((f"{name}_maps_off", path, True))
-    return rows
+            switch_off_maps(model)
+            yield f"{name}_maps_off", model
+        del model
 
 
 def _base_check(cfg: DictConfig, key_rows: list[dict[str, Any]]) -> dict[str, Any]:
