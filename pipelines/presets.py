@@ -19,11 +19,14 @@ def preset_setting(experiment: str, pe: str, overrides: tuple[str, ...] = ()) ->
     """The flat setting of ``experiment=<experiment> pe=<pe>`` (and ``overrides``: a claim
     arm's) as conf/ has it now, completed as training completes it (``task.prepare``: the
     vocabulary and length a task derives) and resolved where it resolves; None when it does not
-    compose (an experiment renamed on the command line has no preset). A value left
-    interpolated (``${hydra:...}``, paths) is left out."""
+    compose (an experiment renamed on the command line has no preset). An experiment that names
+    its own PE (context extension's ``llama``, no conf/pe option) composes without ``pe=``. A
+    value left interpolated (``${hydra:...}``, paths) is left out."""
     cfg = compose_or_none("config", [f"experiment={experiment}", f"pe={pe}", *overrides])
     if cfg is None:
-        return None
+        cfg = compose_or_none("config", [f"experiment={experiment}", *overrides])
+        if cfg is None or OmegaConf.select(cfg, "pe.name") != pe:
+            return None
     _prepare(cfg)
     flat = setting_values(OmegaConf.to_container(cfg, resolve=False))
     for key, value in list(flat.items()):

@@ -409,6 +409,32 @@ def test_context_extension_variants_are_left_out_of_the_paper_tables(tmp_path) -
     assert list(latest_finished([a, b]).values()) == [a]  # the newer variant is not "the" run
 
 
+def test_context_extension_table_pools_the_presets_recipes_not_a_claims_larger_setting(tmp_path: Path) -> None:
+    """Three seeds of a claim's setting (TAPE alone, its maps switched off) against two of the
+    preset's five recipes: with the preset (conf/ composed; context extension names its own PE,
+    llama) the table's row is the preset's runs, and the claim's runs are set apart."""
+    from pipelines.presets import preset_setting
+
+    runs = tmp_path / "runs"
+    recipes = ["tape", "tape_mix", "lora", "longlora", "theta"]
+    base = {"task": {"name": "context_extension"}, "pe": {"name": "llama"}}
+    for seed in (0, 1):
+        make_run(runs, "context_extension/cpu", "llama", seed, f"20261207-0900{seed:02d}-aaaaaa",
+                 {f"ppl_books_512_{m}": 60.0 for m in ("base", *recipes)},
+                 {**base, "extend": {"recipes": recipes}, "eval": {"maps_off": []}})
+    for seed in (21, 22, 23):
+        make_run(runs, "context_extension/cpu", "llama", seed, f"20261207-1000{seed:02d}-bbbbbb",
+                 {f"ppl_books_512_{m}": 90.0 for m in ("base", "tape")},
+                 {**base, "extend": {"recipes": ["tape"]}, "eval": {"maps_off": ["tape"]}})
+    assert preset_setting("context_extension/cpu", "llama")["extend.recipes"] == recipes
+    assert preset_setting("context_extension/cpu", "gpt") is None  # not the PE the experiment names
+    render(runs, tmp_path / "out", ["cpu"], preset=preset_setting)
+    rows = read_csv(tmp_path / "out/tables/context_extension_cpu_perplexity.csv")
+    assert float(rows["LoRA"]["books 512"]) == float(rows["TAPE"]["books 512"]) == 60.0
+    md = (tmp_path / "out/README.md").read_text()
+    assert "2 seed(s) (0, 1)" in md and "(seeds 21, 22, 23)" in md
+
+
 def test_commit_label_ignores_rendered_results_but_not_code(tmp_path: Path) -> None:
     import subprocess
 

@@ -104,7 +104,7 @@ def build(ctx: Context, scale: str) -> Section:
     runs = of_scale(ctx.runs, scale, lambda task: task == "context_extension")
     variants = [r for r in runs if r.variant]
     runs = [r for r in runs if r not in variants]
-    groups = group_by(runs, lambda r: "all")
+    groups = group_by(runs, lambda r: "all", preset=ctx.preset)
     g = groups.get("all")
     finished = g.finished if g else []
     unfinished = g.unfinished if g else []
