@@ -592,6 +592,7 @@ def test_the_maps_off_claim_reads_only_runs_that_scored_the_maps_off(tmp_path: P
             "TAPE (official recipe) - TAPE (official recipe), maps switched off")
     assert claims["C7a"]["n paired seeds (planned)"].startswith("0 ")
     assert claims["C7msc"]["n paired seeds (planned)"] == "0 (planned 10)"  # its fresh seeds are 27-36
+    assert claims["C7asc"]["n paired seeds (planned)"] == "0 (planned 10)"  # its fresh seeds are 37-46
 
 
 def test_a_recipe_curve_reads_only_its_own_recipe() -> None:

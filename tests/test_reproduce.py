@@ -382,11 +382,13 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     assert all(s.match.get("paired_init") is True for s in steps)
     assert not any(s.experiment.startswith(("addition/", "scrolls/")) for s in steps)  # tables' steps
     extension = [s for s in steps if s.experiment.startswith("context_extension/")]
-    assert [s.name for s in extension] == ["C7+C7s-recipes", "C7a+C7as-recipes", "C7m+C7ms+C7msc-recipes"]
+    assert [s.name for s in extension] == ["C7+C7s-recipes", "C7a+C7as-recipes", "C7m+C7ms+C7msc-recipes", "C7asc-recipes"]
     assert "extend.recipes=[tape,lora,embed_norm]" in extension[1].overrides
     assert {"extend.recipes=[tape]", "eval.maps_off=[tape]"} <= set(extension[2].overrides)
     assert extension[2].seeds == tuple(range(21, 37))  # C7m/C7ms's seeds 21-26, C7msc's fresh 27-36
     assert not any(o.startswith("extend.recipes") for o in extension[0].overrides)  # the preset's five
+    assert "extend.recipes=[tape,embed_norm]" in extension[3].overrides
+    assert extension[3].seeds == tuple(range(37, 47))  # C7asc's fresh seeds
 
 
 def test_a_claim_arm_counts_only_runs_with_its_config_values(tmp_path: Path) -> None:
