@@ -599,11 +599,34 @@ def test_a_recipe_curve_reads_only_its_own_recipe() -> None:
     from tape.report.claim_figures import METHOD_CURVES
     from tape.report.runs import Run
 
-    curve_of = METHOD_CURVES["context_extension"][0]
+    curve_of = METHOD_CURVES["nll_books_extended"][0]
     run = Run(path=Path("x"), experiment="context_extension/cpu", pe="llama", seed=1,
-              metrics={"ppl_books_256_tape": 3.0, "ppl_books_512_tape": 4.0, "ppl_books_512_tape_mix": 9.0})
+              metrics={"ppl_books_256_tape": 3.0, "ppl_books_512_tape": 4.0, "ppl_books_512_tape_mix": 9.0,
+                       "ppl_stdlib_256_tape": 30.0, "ppl_stdlib_512_tape": 40.0})
     assert curve_of("tape")(run) == {256: 3.0, 512: 4.0} and curve_of("tape_mix")(run) == {512: 9.0}
+    assert METHOD_CURVES["nll_stdlib_extended"][0]("tape")(run) == {256: 30.0, 512: 40.0}  # a code claim's corpus
 
+
+def test_a_recipe_claims_figure_draws_the_corpus_its_metric_reads(tmp_path: Path) -> None:
+    from tape.report.claim_figures import claim_figure
+    from tape.report.document import Context
+    from tape.report.runs import Run
+
+    def runs_scored_on(corpus: str) -> list[Run]:
+        return [Run(path=tmp_path / corpus / str(seed), experiment="context_extension/cpu", pe="llama", seed=seed,
+                    metrics={f"ppl_{corpus}_{n}_{m}": 50.0 + seed + n / 64 for n in (256, 512)
+                             for m in ("tape", "embed_norm")}) for seed in range(3)]
+
+    methods = {"TAPE": "tape", "control": "embed_norm"}
+    for metric, corpus, other in (("nll_stdlib_extended", "stdlib", "books"), ("nll_books_extended", "books", "stdlib")):
+        ctx = Context([], tmp_path / metric, "test")
+        drawn = runs_scored_on(corpus)
+        figure = claim_figure(ctx, "C7x", "t", {"TAPE": drawn, "control": drawn}, "context_extension",
+                              metric=metric, methods=methods)
+        assert figure is not None and (tmp_path / metric / figure.path).exists(), metric
+        missing = runs_scored_on(other)  # runs without the metric's corpus: nothing to draw
+        assert claim_figure(ctx, "C7y", "t", {"TAPE": missing, "control": missing}, "context_extension",
+                            metric=metric, methods=methods) is None, metric
 
 ARM_ALSO = "beside it (mean ± sd [min, max] over the same seeds)"
 

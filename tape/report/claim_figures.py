@@ -86,10 +86,13 @@ TASK_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
     "word_problem": (multiple_curve(r"token_accuracy_(\d+)x"), "evaluation length / training length",
                      "prefix-product token accuracy (%)", False),
 }
-# task -> the curve of one recipe (Arm.method) of runs that score several (C7: context extension)
+# claim metric -> the curve of one recipe (Arm.method) of runs that score several (C7: context
+# extension), on the corpus the metric reads
 METHOD_CURVES: Mapping[str, tuple[Callable[[str], Callable[[Run], Curve]], str, str, bool]] = {
-    "context_extension": (lambda method: multiple_curve(rf"ppl_books_(\d+)_{re.escape(method)}"),
-                          "evaluation length (tokens)", "held-out books perplexity", False),
+    "nll_books_extended": (lambda method: multiple_curve(rf"ppl_books_(\d+)_{re.escape(method)}"),
+                           "evaluation length (tokens)", "held-out books perplexity", False),
+    "nll_stdlib_extended": (lambda method: multiple_curve(rf"ppl_stdlib_(\d+)_{re.escape(method)}"),
+                            "evaluation length (tokens)", "standard-library code perplexity", False),
 }
 # a claim metric read from the same task another way (C1b: C1's addition runs, digit by digit)
 METRIC_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
@@ -138,8 +141,8 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
     """The figure of one claim (None when its task has no curve or no arm has a run); a
     ``metric`` of METRIC_CURVES picks its own curve, else the task's; ``controls`` (the arms'
     positive-control runs) are drawn dashed; ``methods`` (arm title -> recipe) reads each arm's
-    recipe from the runs they share (METHOD_CURVES)."""
-    spec = METHOD_CURVES.get(task) if methods else METRIC_CURVES.get(metric) or TASK_CURVES.get(task)
+    recipe from the runs they share (METHOD_CURVES, by the metric's corpus)."""
+    spec = METHOD_CURVES.get(metric) if methods else METRIC_CURVES.get(metric) or TASK_CURVES.get(task)
     if spec is None or not any(arms.values()):
         return None
     curve_of, xlabel, ylabel, log = spec
