@@ -628,6 +628,7 @@ def test_a_recipe_claims_figure_draws_the_corpus_its_metric_reads(tmp_path: Path
         assert claim_figure(ctx, "C7y", "t", {"TAPE": missing, "control": missing}, "context_extension",
                             metric=metric, methods=methods) is None, metric
 
+
 ARM_ALSO = "beside it (mean ± sd [min, max] over the same seeds)"
 
 
