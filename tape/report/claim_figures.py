@@ -86,13 +86,17 @@ TASK_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
     "word_problem": (multiple_curve(r"token_accuracy_(\d+)x"), "evaluation length / training length",
                      "prefix-product token accuracy (%)", False),
 }
+def corpus_curves(corpus: str, ylabel: str) -> tuple[Callable[[str], Callable[[Run], Curve]], str, str, bool]:
+    """The spec of one recipe's perplexity on ``corpus`` by evaluation length (ppl_<corpus>_<n>_<recipe>)."""
+    return (lambda method: multiple_curve(rf"ppl_{corpus}_(\d+)_{re.escape(method)}"),
+            "evaluation length (tokens)", ylabel, False)
+
+
 # claim metric -> the curve of one recipe (Arm.method) of runs that score several (C7: context
 # extension), on the corpus the metric reads
 METHOD_CURVES: Mapping[str, tuple[Callable[[str], Callable[[Run], Curve]], str, str, bool]] = {
-    "nll_books_extended": (lambda method: multiple_curve(rf"ppl_books_(\d+)_{re.escape(method)}"),
-                           "evaluation length (tokens)", "held-out books perplexity", False),
-    "nll_stdlib_extended": (lambda method: multiple_curve(rf"ppl_stdlib_(\d+)_{re.escape(method)}"),
-                            "evaluation length (tokens)", "standard-library code perplexity", False),
+    "nll_books_extended": corpus_curves("books", "held-out books perplexity"),
+    "nll_stdlib_extended": corpus_curves("stdlib", "standard-library code perplexity"),
 }
 # a claim metric read from the same task another way (C1b: C1's addition runs, digit by digit)
 METRIC_CURVES: Mapping[str, tuple[Callable[[Run], Curve], str, str, bool]] = {
@@ -138,10 +142,10 @@ def claim_figure(ctx: Context, claim_id: str, title: str, arms: Mapping[str, lis
                  task: str, train_length: int | None = None, metric: str = "",
                  controls: Mapping[str, list[Run]] | None = None,
                  methods: Mapping[str, str] | None = None) -> Figure | None:
-    """The figure of one claim (None when its task has no curve or no arm has a run); a
-    ``metric`` of METRIC_CURVES picks its own curve, else the task's; ``controls`` (the arms'
-    positive-control runs) are drawn dashed; ``methods`` (arm title -> recipe) reads each arm's
-    recipe from the runs they share (METHOD_CURVES, by the metric's corpus)."""
+    """The figure of one claim (None when no curve fits it or no arm has a run); a ``metric`` of
+    METRIC_CURVES picks its own curve, else the task's; ``controls`` (the arms' positive-control
+    runs) are drawn dashed; ``methods`` (arm title -> recipe) reads each arm's recipe from the runs
+    they share (METHOD_CURVES, by the metric's corpus)."""
     spec = METHOD_CURVES.get(metric) if methods else METRIC_CURVES.get(metric) or TASK_CURVES.get(task)
     if spec is None or not any(arms.values()):
         return None
