@@ -650,3 +650,24 @@ def test_method_arms_are_checked_when_the_claims_load(tmp_path: Path, edit, mess
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match=message):
         load_claims(path)
+
+
+def test_the_word_problem_confirmation_reads_only_its_fresh_seeds(tmp_path: Path) -> None:
+    """C5 pairs the 2-layer arms at seeds 0-7, C5c at its fresh seeds 8-27: the same arms, the
+    seeds each claim registered, no pooling (TAPE leads by 5 points at 0-7, trails by 1 after)."""
+    runs = tmp_path / "runs"
+    rng = np.random.default_rng(5)
+    for seed in range(28):
+        rope = 58 + 2 * rng.standard_normal()
+        tape = rope + (5.0 if seed < 8 else -1.0) + 0.1 * rng.standard_normal()
+        for pe, acc, pe_cfg in (("rope", rope, {"name": "rope"}), ("tape", tape, TAPE_PE)):
+            cfg = {**config("word_problem", pe_cfg, steps=3000), "model": {"n_layers": 2}}
+            make_run(runs, "word_problem/cpu", pe, seed, f"20261207-1300{seed:02d}-ffffff-0",
+                     {"task": "word_problem", "token_accuracy": acc}, cfg)
+    render(runs, tmp_path / "results")
+    claims = rows(tmp_path / "results" / "tables" / "claims_all.csv")
+    assert claims["C5"]["n paired seeds (planned)"] == "8 (planned 8)"
+    assert abs(float(claims["C5"]["effect Δ [95 % CI]"].split()[1]) - 5.0) < 0.2
+    assert claims["C5c"]["n paired seeds (planned)"] == "20 (planned 20)"
+    assert abs(float(claims["C5c"]["effect Δ [95 % CI]"].split()[1]) + 1.0) < 0.2
+    assert claims["C5c"]["verdict"].startswith("**worse**")

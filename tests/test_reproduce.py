@@ -503,6 +503,8 @@ def test_cpu_full_runs_the_claims_plan_then_the_tables(tmp_path: Path) -> None:
     c5 = [s for s in steps if s.name.startswith("C5")]
     assert {s.experiment for s in c5} == {"word_problem/cpu"} and len(c5) == 4  # 2 PEs x 2 depths
     assert any("model.n_layers=4" in s.overrides for s in c5)
+    two_layers = {s.seeds for s in c5 if "model.n_layers=2" in s.overrides}
+    assert two_layers == {tuple(range(28))}  # C5's seeds 0-7 and C5c's fresh 8-27, one step per arm
     c6 = [s for s in steps if s.name.startswith("C6")]
     assert {s.experiment for s in c6} == {"parity/cpu"} and len(c6) == 14  # 7 arms, each with its control
     assert sum("task.scratchpad=interleaved" in s.overrides for s in c6) == 7
