@@ -92,6 +92,7 @@ def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: P
                              run_dir / "predictions_scored.jsonl")
     (run_dir / "flipflop.csv").write_text("multiplier,sparsity,length,reads,errors,read_error\n2,sparse,128,50,3,6.0\n")
     (run_dir / "word_problem.csv").write_text("multiplier,length,token_accuracy,sequence_accuracy\n2,32,55.5,1.0\n")
+    (run_dir / "word_problem_positions.csv").write_text("multiplier,position,token_accuracy\n1,1,100.0\n1,2,40.5\n")
     cfg = make_cfg("experiment=pretrain/smoke", "logger=wandb")
     logger = WandbLogger(save_dir=str(run_dir), offline=True, project="tape-repro")
     wandb_log.log_results([logger], run_dir, cfg, step=3)
@@ -105,6 +106,7 @@ def test_every_result_file_becomes_a_table_and_every_figure_an_image(tmp_path: P
     assert key["columns"] == PASSKEY_FIELDS and [r[-1] for r in key["data"]] == [1.0, 0.5]
     assert run.table("eval/flipflop")["data"] == [[2, "sparse", 128, 50, 3, 6.0]]
     assert run.table("eval/word_problem")["data"] == [[2, 32, 55.5, 1.0]]
+    assert run.table("eval/word_problem_positions")["data"] == [[1, 1, 100.0], [1, 2, 40.5]]
     preds = run.table("eval/predictions")
     assert preds["columns"] == ["id", "prediction", "references", "score"]
     assert preds["data"] == [["q1", "the king", "the king\na king", 100.0], ["q2", "a queen", "the land", 0.0]]

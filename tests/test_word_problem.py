@@ -178,6 +178,22 @@ def test_evaluate_counts_right_products(make_cfg, tmp_path: Path) -> None:
     assert ident["token_accuracy"] == ident["token_accuracy_1x"]
 
 
+def test_evaluate_scores_every_prefix_length(make_cfg, tmp_path: Path) -> None:
+    """word_problem_positions.csv: token accuracy at each prefix length, for every length multiple."""
+    cfg = make_cfg("experiment=word_problem/smoke")
+    task.evaluate(Oracle("s3", False), cfg.task, tmp_path, "identity")
+    with open(tmp_path / "word_problem_positions.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["multiplier", "position", "token_accuracy"]
+    g, n = get_group("s3"), int(cfg.task.seq_len)
+    for m in (1, 2, 4):
+        mine = [r for r in rows if int(r["multiplier"]) == m]
+        assert [int(r["position"]) for r in mine] == list(range(1, m * n + 1))
+        _, targets = eval_set(int(cfg.task.eval_seed), g, m * n, int(cfg.task.eval_sequences))  # (B, m*n)
+        want = 100.0 * (targets == g.identity).mean(axis=0)  # the identity is right where p_t is
+        assert [float(r["token_accuracy"]) for r in mine] == pytest.approx(want.tolist())
+
+
 # ---------------------------------------------------------------------------- config
 def checked(make_cfg, *overrides: str):
     cfg = make_cfg("experiment=word_problem/smoke", *overrides)
@@ -247,6 +263,9 @@ def test_smoke_run_end_to_end(make_cfg) -> None:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["multiplier", "length", "token_accuracy", "sequence_accuracy"]
     assert [int(r["length"]) for r in rows] == [8, 16, 32]
+    with open(run / "word_problem_positions.csv") as f:
+        positions = list(csv.DictReader(f))
+    assert len(positions) == 8 + 16 + 32
     ecfg = compose_config("evaluate", [f"run_dir={run}"])  # re-evaluating the run gives its numbers
     with open_dict(ecfg):
         ecfg.paths.output_dir = str(run / "eval" / "again")

@@ -1,6 +1,7 @@
 """The group word problem (claim C5): read g_1 .. g_N, output every prefix product g_1 ... g_t.
 Config checks, data module, and token / sequence accuracy by length -> word_problem.csv and
-metrics ``token_accuracy_<m>x``, ``sequence_accuracy_<m>x`` (%) and ``token_accuracy`` (= 1x).
+metrics ``token_accuracy_<m>x``, ``sequence_accuracy_<m>x`` (%) and ``token_accuracy`` (= 1x);
+token accuracy at every prefix length -> word_problem_positions.csv.
 
 Groups: ``parity`` (Z2), ``s3`` (non-abelian, solvable), ``a5`` (non-solvable); see
 tape/data/word_problem.py. The vocabulary (the group's elements, <pad>, <bos>) depends on the
@@ -99,13 +100,14 @@ def predict(model: Any, group: Group, tokens: np.ndarray, bos: bool, batch_size:
 
 
 def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dict[str, float]:
-    """Token and sequence accuracy (%) at every length multiple -> word_problem.csv + metrics."""
+    """Token and sequence accuracy (%) at every length multiple -> word_problem.csv + metrics, and
+    token accuracy at every prefix length -> word_problem_positions.csv (where a model stops)."""
     t0 = time.perf_counter()
     group = get_group(str(task_cfg.group))
     bos = bool(task_cfg.bos)
     was_training = model.training
     model.eval()
-    rows, metrics = [], {}
+    rows, by_position, metrics = [], [], {}
     for mult in (int(m) for m in task_cfg.eval_multipliers):
         length = mult * int(task_cfg.seq_len)
         tokens, targets = eval_set(int(task_cfg.eval_seed), group, length, int(task_cfg.eval_sequences))
@@ -115,9 +117,12 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
         metrics[f"sequence_accuracy_{mult}x"] = seq_acc
         rows.append({"multiplier": mult, "length": length, "token_accuracy": token_acc,
                      "sequence_accuracy": seq_acc})
+        by_position += [{"multiplier": mult, "position": t + 1, "token_accuracy": 100.0 * float(acc)}
+                        for t, acc in enumerate(hits.mean(axis=0))]  # position t + 1: g_1 ... g_{t+1}
     metrics["token_accuracy"] = metrics["token_accuracy_1x"]
     model.train(was_training)
     write_csv(rows, list(rows[0]), out_dir / "word_problem.csv")
+    write_csv(by_position, list(by_position[0]), out_dir / "word_problem_positions.csv")
     metrics["eval_time_s"] = time.perf_counter() - t0
     return metrics
 
@@ -126,7 +131,8 @@ def evaluate(model: Any, task_cfg: DictConfig, out_dir: Path, title: str) -> dic
 class WordProblem(Task):
     """Group word problems: prefix products by length."""
 
-    wandb_tables = {"word_problem.csv": WandbTable("eval/word_problem")}
+    wandb_tables = {"word_problem.csv": WandbTable("eval/word_problem"),
+                    "word_problem_positions.csv": WandbTable("eval/word_problem_positions")}
     prepare = staticmethod(prepare)
     validate = staticmethod(validate)
     datamodule = staticmethod(datamodule)
