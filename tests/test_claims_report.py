@@ -671,3 +671,21 @@ def test_the_word_problem_confirmation_reads_only_its_fresh_seeds(tmp_path: Path
     assert claims["C5c"]["n paired seeds (planned)"] == "20 (planned 20)"
     assert abs(float(claims["C5c"]["effect Δ [95 % CI]"].split()[1]) + 1.0) < 0.2
     assert claims["C5c"]["verdict"].startswith("**worse**")
+
+
+def test_the_extrapolation_confirmation_reads_4x_at_its_fresh_seeds_only(tmp_path: Path) -> None:
+    """C2x pairs TAPE with RoPE at 4x the training length on seeds 10-17 alone: C2's seeds 0-7
+    (TAPE behind by 0.10 nats there) and the table's seeds 8-9 never pool into it."""
+    runs = tmp_path / "runs"
+    rng = np.random.default_rng(7)
+    for seed in (*range(10), *range(10, 18)):
+        rope_4x = 97 * np.exp(0.01 * rng.standard_normal())
+        tape_4x = rope_4x * np.exp(0.10 if seed < 10 else -0.02)
+        for pe, ppl_4x, pe_cfg in (("rope", rope_4x, {"name": "rope"}), ("tape", tape_4x, TAPE_PE)):
+            make_run(runs, "pretrain/cpu", pe, seed, f"20261207-1700{seed:02d}-eeeeee-0",
+                     {"task": "pretrain", "ppl_1x": 91.0, "ppl_4x": float(ppl_4x)}, config("pretrain", pe_cfg))
+    render(runs, tmp_path / "results")
+    claims = rows(tmp_path / "results" / "tables" / "claims_all.csv")
+    assert claims["C2x"]["n paired seeds (planned)"] == "8 (planned 8)"
+    assert abs(float(claims["C2x"]["effect Δ [95 % CI]"].split()[1]) + 0.02) < 0.002
+    assert claims["C2x"]["verdict"].startswith("**better**")
