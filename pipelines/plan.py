@@ -307,7 +307,9 @@ def claim_steps(cfg: ClaimsConfig, minutes: Mapping[str, float] | None = None,
 
 
 def _override(value: Any) -> str:
-    """A config value as Hydra reads it back (True -> true, ["a", "b"] -> [a,b])."""
+    """A config value as Hydra reads it back (True -> true, None -> null, ["a", "b"] -> [a,b])."""
+    if value is None:
+        return "null"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_override(v) for v in value) + "]"
     return str(value).lower() if isinstance(value, bool) else str(value)

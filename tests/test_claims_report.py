@@ -689,3 +689,25 @@ def test_the_extrapolation_confirmation_reads_4x_at_its_fresh_seeds_only(tmp_pat
     assert claims["C2x"]["n paired seeds (planned)"] == "8 (planned 8)"
     assert abs(float(claims["C2x"]["effect Δ [95 % CI]"].split()[1]) + 0.02) < 0.002
     assert claims["C2x"]["verdict"].startswith("**better**")
+
+
+def test_a_width_variant_pools_only_into_its_own_arm(tmp_path: Path) -> None:
+    """C2w pairs the default TAPE (no width set: 4H) with each PE-MLP width; a width run, newer
+    than the default's, never stands in for TAPE's arm in C2w or C2."""
+    runs = tmp_path / "runs"
+    rng = np.random.default_rng(11)
+    for seed in range(8):
+        rope = 91 * np.exp(0.01 * rng.standard_normal())
+        make_run(runs, "pretrain/cpu", "rope", seed, f"20261207-1000{seed:02d}-aaaaaa-0",
+                 {"task": "pretrain", "ppl_1x": float(rope)}, config("pretrain", {"name": "rope"}))
+        make_run(runs, "pretrain/cpu", "tape", seed, f"20261207-1000{seed:02d}-aaaaaa-1",
+                 {"task": "pretrain", "ppl_1x": float(rope)}, config("pretrain", TAPE_PE))
+        for width, shift in ((4, 0.03), (8, 0.02), (32, 0.05)):
+            make_run(runs, "pretrain/cpu", "tape", seed, f"20261207-1800{seed:02d}-bbbbbb-{width}",
+                     {"task": "pretrain", "ppl_1x": float(rope * np.exp(shift))},
+                     config("pretrain", {**TAPE_PE, "tape_position_size": width}))
+    render(runs, tmp_path / "results")
+    claims = rows(tmp_path / "results" / "tables" / "claims_all.csv")
+    assert claims["C2w"]["n paired seeds (planned)"] == "8 (planned 8)"
+    assert abs(float(claims["C2w"]["effect Δ [95 % CI]"].split()[1]) + 0.03) < 0.002
+    assert abs(float(claims["C2"]["effect Δ [95 % CI]"].split()[1])) < 0.002

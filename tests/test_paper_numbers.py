@@ -47,6 +47,7 @@ def test_the_paper_effects_follow_from_the_data_file() -> None:
     fig6 = paper_number("addition.fig6.values")
     table6 = paper_number("ablation.table6.values")
     symmetry = paper_number("ablation.table6_symmetry.values")
+    width = paper_number("ablation.table7.values")
     table2 = paper_number("context_extension.table2.values")
     expected = {
         "C1": round((fig2["tape"] - fig2["rope"]) / 0.75, 1),  # whole-grid mean -> OOD cells (75 %)
@@ -54,6 +55,7 @@ def test_the_paper_effects_follow_from_the_data_file() -> None:
         "C1y": round((fig6["tape_yarn"] - fig6["tape"]) / 0.75, 1),
         "C2": round(math.log(table6["tape"][0] / table6["neither"][0]), 4),  # perplexity -> nats
         "C2e": round(math.log(symmetry["tape"][0] / symmetry["neither"][0]), 4),
+        "C2w": round(math.log(width["i48"][0] / width["i12"][0]), 4),  # the default 4H against H
         "C7": round(math.log(table2["tape"]["pg19"][3] / table2["lora"]["pg19"][3]), 4),  # 8,192 tokens
         "C7s": round(math.log(table2["tape"]["proof_pile"][3] / table2["lora"]["proof_pile"][3]), 4),
     }

@@ -370,9 +370,13 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     yarn = by_name["C1y-tape_abacus_yarn"]  # YaRN's option, named by the arm, reaches the command
     assert {"pe.rope_yarn_factor=2.0", "pe.rope_yarn_original_length=20"} <= set(yarn.overrides)
     assert "model.abacus=false" in by_name["C1-rope_plain"].overrides
-    shared = by_name["C2+C2e+C2f+C2x+C4-tape"]  # one arm, five claims (seeds 0-7, 0-7, 10-17, 10-17, 0-5): each seed once
+    shared = by_name["C2+C2e+C2f+C2x+C2w+C4-tape"]  # one arm, six claims (seeds 0-7, 0-7, 10-17, 10-17, 0-7, 0-5): each seed once
     assert shared.experiment == "pretrain/cpu" and shared.seeds == (*range(8), *range(10, 18))
     assert by_name["C4-tape_rowsum"].match["pe.tape_post_attn"] == "rowsum"
+    widths = [by_name[f"C2w-tape_width_{w}h"] for w in (1, 2, 8)]  # Table 7: I = H, 2H, 8H at H = 4
+    assert [s.match["pe.tape_position_size"] for s in widths] == [4, 8, 32]
+    assert all(f"pe.tape_position_size={w}" in s.overrides for s, w in zip(widths, (4, 8, 32)))
+    assert all(s.seeds == tuple(range(8)) for s in widths)
     assert by_name["C4-tape_rowsum"].seeds == tuple(range(6))
     compute = by_name["C2-rope_pretrain_compute"]  # only described: describe_seeds
     assert compute.seeds == (0, 1) and compute.tier == 1
@@ -486,7 +490,7 @@ def test_a_table_step_skips_the_runs_a_claim_arm_finished_earlier_in_the_call(tm
     seed-0 runs the C2 arms had just finished, when --jobs found every wave's runs up front."""
     runs = tmp_path / "runs"
     steps = [s for s in plan("cpu-full", runs_dir=runs, scrolls_data=None)
-             if s.name in ("C2+C2e+C2f+C2x+C4-tape", "C2+C2x-rope", "C2+C2x-alibi", "pretrain")]
+             if s.name in ("C2+C2e+C2f+C2x+C2w+C4-tape", "C2+C2x-rope", "C2+C2x-alibi", "pretrain")]
     runner = FakeRunner(runs, tmp_path / "results")
     execute(steps, runs, runner, log=lambda _: None, jobs=jobs)
     table = [c for c in runner.calls if "trainer.max_steps" not in c]  # the table step's commands
@@ -715,3 +719,10 @@ def test_pretraining_runs_kept_only_as_records_are_run_again_for_scrolls(tmp_pat
     runner = FakeRunner(runs, tmp_path / "results")
     execute(steps, runs, runner, log=lambda _: None, jobs=2, records_dir=records)
     assert len([c for c in runner.calls if "experiment=pretrain/cpu" in c]) == len(pes)
+
+
+@pytest.mark.parametrize(("value", "text"), [(None, "null"), (True, "true"), ([1, "a"], "[1,a]"), (4, "4")])
+def test_an_arm_value_reaches_hydra_as_hydra_reads_it(value: object, text: str) -> None:
+    """An arm pinning an option to null must launch with `null`: Hydra reads `None` as a string."""
+    from pipelines.plan import _override
+    assert _override(value) == text

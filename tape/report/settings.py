@@ -26,13 +26,14 @@ MAX_SHOWN = 3  # differing keys named in a label; the rest are counted
 
 _NO_YARN = {"pe.rope_yarn_factor": 1.0, "pe.rope_yarn_original_length": None}
 ADDED_OPTIONS: Mapping[str, Mapping[str, Any]] = {
-    "tape": {"pe.tape_equivariant": True, "pe.tape_tensorial": True, **_NO_YARN},
+    "tape": {"pe.tape_equivariant": True, "pe.tape_tensorial": True, "pe.tape_position_size": None, **_NO_YARN},
     **{pe: _NO_YARN for pe in ("rope", "prope", "xpos", "randpe")},
 }
 """Per PE (``pe.name``), options added after runs were recorded, with the value those runs had in
-effect (the behaviour before the option existed). A config without the key has that value: its
-run pools with runs that set it so, never with runs that set it otherwise (an ablation), and a
-comparison arm or plan step that does not name the key asks for it."""
+effect (the behaviour before the option existed), and options an ablation varies, with their
+default (TAPE's PE-MLP width). A config without the key has that value: its run pools with runs
+that set it so, never with runs that set it otherwise (an ablation), and a comparison arm or plan
+step that does not name the key asks for it."""
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
