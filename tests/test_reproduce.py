@@ -382,8 +382,10 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     assert compute.seeds == (0, 1) and compute.tier == 1
     assert by_name["C3-nope"].seeds == (0, 1) and by_name["C3+C3c+C3s+C3d+C3sc+C3dc-tape"].seeds == tuple(range(24))
     assert "trainer.max_steps=550" in compute.overrides and "trainer.max_steps=500" not in compute.overrides
-    assert "trainer.max_steps=500" in by_name["C2+C2x-rope"].overrides
-    assert by_name["C2+C2x-rope"].seeds == by_name["C2+C2x-alibi"].seeds == (*range(8), *range(10, 18))  # C2x: fresh 10-17
+    assert "trainer.max_steps=500" in by_name["C2+C2x+C2u-rope"].overrides
+    assert by_name["C2+C2x+C2u-rope"].seeds == by_name["C2+C2x-alibi"].seeds == (*range(8), *range(10, 18))  # C2x: fresh 10-17
+    for update in ("attn", "mlp"):  # C2's ablation arms at 0-7, C2u's fresh 10-17, one step each
+        assert by_name[f"C2+C2u-tape_{update}_only"].seeds == (*range(8), *range(10, 18))
     assert all(s.match.get("paired_init") is True for s in steps)
     assert not any(s.experiment.startswith(("addition/", "scrolls/")) for s in steps)  # tables' steps
     extension = [s for s in steps if s.experiment.startswith("context_extension/")]
@@ -490,7 +492,7 @@ def test_a_table_step_skips_the_runs_a_claim_arm_finished_earlier_in_the_call(tm
     seed-0 runs the C2 arms had just finished, when --jobs found every wave's runs up front."""
     runs = tmp_path / "runs"
     steps = [s for s in plan("cpu-full", runs_dir=runs, scrolls_data=None)
-             if s.name in ("C2+C2e+C2f+C2x+C2w+C4-tape", "C2+C2x-rope", "C2+C2x-alibi", "pretrain")]
+             if s.name in ("C2+C2e+C2f+C2x+C2w+C4-tape", "C2+C2x+C2u-rope", "C2+C2x-alibi", "pretrain")]
     runner = FakeRunner(runs, tmp_path / "results")
     execute(steps, runs, runner, log=lambda _: None, jobs=jobs)
     table = [c for c in runner.calls if "trainer.max_steps" not in c]  # the table step's commands
