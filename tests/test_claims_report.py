@@ -691,6 +691,30 @@ def test_the_extrapolation_confirmation_reads_4x_at_its_fresh_seeds_only(tmp_pat
     assert claims["C2x"]["verdict"].startswith("**better**")
 
 
+def test_the_width_confirmation_reads_4x_at_seeds_10_to_23_only(tmp_path: Path) -> None:
+    """C2wc pairs each width with the default TAPE at 4x on seeds 10-23; C2w's seeds 0-7 (where
+    I = H sits 0.05 nats above) and the default's seeds 8-9 never pool into it, nor it into C2w."""
+    runs = tmp_path / "runs"
+    rng = np.random.default_rng(13)
+    for seed in range(24):
+        tape_4x = 98 * np.exp(0.01 * rng.standard_normal())
+        make_run(runs, "pretrain/cpu", "tape", seed, f"20261207-1900{seed:02d}-cccccc-0",
+                 {"task": "pretrain", "ppl_1x": 91.0, "ppl_4x": float(tape_4x)}, config("pretrain", TAPE_PE))
+        if seed in (8, 9):
+            continue
+        for width, shift in ((4, 0.05 if seed < 8 else -0.02), (32, 0.01)):
+            ppl_4x = tape_4x * np.exp(shift + 0.001 * rng.standard_normal())
+            make_run(runs, "pretrain/cpu", "tape", seed, f"20261207-2000{seed:02d}-dddddd-{width}",
+                     {"task": "pretrain", "ppl_1x": 91.0 * np.exp(shift), "ppl_4x": float(ppl_4x)},
+                     config("pretrain", {**TAPE_PE, "tape_position_size": width}))
+    render(runs, tmp_path / "results")
+    claims = rows(tmp_path / "results" / "tables" / "claims_all.csv")
+    assert claims["C2wc"]["n paired seeds (planned)"] == "14 (planned 14)"
+    assert abs(float(claims["C2wc"]["effect Δ [95 % CI]"].split()[1]) + 0.02) < 0.002
+    assert claims["C2wc"]["verdict"].startswith("**better**")
+    assert abs(float(claims["C2w"]["effect Δ [95 % CI]"].split()[1]) + 0.05) < 0.002  # TAPE minus I = H
+
+
 def test_a_width_variant_pools_only_into_its_own_arm(tmp_path: Path) -> None:
     """C2w pairs the default TAPE (no width set: 4H) with each PE-MLP width; a width run, newer
     than the default's, never stands in for TAPE's arm in C2w or C2."""

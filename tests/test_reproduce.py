@@ -370,13 +370,14 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     yarn = by_name["C1y-tape_abacus_yarn"]  # YaRN's option, named by the arm, reaches the command
     assert {"pe.rope_yarn_factor=2.0", "pe.rope_yarn_original_length=20"} <= set(yarn.overrides)
     assert "model.abacus=false" in by_name["C1-rope_plain"].overrides
-    shared = by_name["C2+C2e+C2f+C2x+C2w+C4-tape"]  # one arm, six claims (seeds 0-7, 0-7, 10-17, 10-17, 0-7, 0-5): each seed once
-    assert shared.experiment == "pretrain/cpu" and shared.seeds == (*range(8), *range(10, 18))
+    shared = by_name["C2+C2e+C2f+C2x+C2w+C2wc+C4-tape"]  # one arm, seven claims (0-7, 0-7, 10-17, 10-17, 0-7, 10-23, 0-5): each seed once
+    assert shared.experiment == "pretrain/cpu" and shared.seeds == (*range(8), *range(10, 24))
     assert by_name["C4-tape_rowsum"].match["pe.tape_post_attn"] == "rowsum"
-    widths = [by_name[f"C2w-tape_width_{w}h"] for w in (1, 2, 8)]  # Table 7: I = H, 2H, 8H at H = 4
-    assert [s.match["pe.tape_position_size"] for s in widths] == [4, 8, 32]
+    widths = [by_name[name] for name in ("C2w+C2wc-tape_width_1h", "C2w-tape_width_2h", "C2w+C2wc-tape_width_8h")]
+    assert [s.match["pe.tape_position_size"] for s in widths] == [4, 8, 32]  # Table 7: I = H, 2H, 8H at H = 4
     assert all(f"pe.tape_position_size={w}" in s.overrides for s, w in zip(widths, (4, 8, 32)))
-    assert all(s.seeds == tuple(range(8)) for s in widths)
+    assert widths[1].seeds == tuple(range(8))  # C2w's seeds; C2wc's fresh 10-23 for H and 8H
+    assert widths[0].seeds == widths[2].seeds == (*range(8), *range(10, 24))
     assert by_name["C4-tape_rowsum"].seeds == tuple(range(6))
     compute = by_name["C2-rope_pretrain_compute"]  # only described: describe_seeds
     assert compute.seeds == (0, 1) and compute.tier == 1
@@ -492,7 +493,7 @@ def test_a_table_step_skips_the_runs_a_claim_arm_finished_earlier_in_the_call(tm
     seed-0 runs the C2 arms had just finished, when --jobs found every wave's runs up front."""
     runs = tmp_path / "runs"
     steps = [s for s in plan("cpu-full", runs_dir=runs, scrolls_data=None)
-             if s.name in ("C2+C2e+C2f+C2x+C2w+C4-tape", "C2+C2x+C2u-rope", "C2+C2x-alibi", "pretrain")]
+             if s.name in ("C2+C2e+C2f+C2x+C2w+C2wc+C4-tape", "C2+C2x+C2u-rope", "C2+C2x-alibi", "pretrain")]
     runner = FakeRunner(runs, tmp_path / "results")
     execute(steps, runs, runner, log=lambda _: None, jobs=jobs)
     table = [c for c in runner.calls if "trainer.max_steps" not in c]  # the table step's commands
