@@ -715,6 +715,24 @@ def test_the_width_confirmation_reads_4x_at_seeds_10_to_23_only(tmp_path: Path) 
     assert abs(float(claims["C2w"]["effect Δ [95 % CI]"].split()[1]) + 0.05) < 0.002  # TAPE minus I = H
 
 
+def test_the_forgetting_encodings_claim_reads_seeds_2_to_9_only(tmp_path: Path) -> None:
+    """C3fp pairs FoX and PaTH with TAPE on seeds 2-9: their seeds 0-1 (C3's describe arms, here
+    far worse than TAPE) never pool into it."""
+    runs = tmp_path / "runs"
+    for seed in range(10):
+        tape = 4.0 + 0.2 * seed  # training-sparsity read error 1.25x this, 5.0-7.25 %
+        make_run(runs, "flipflop/cpu", "tape", seed, f"20261207-2100{seed:02d}-eeeeee-0",
+                 flipflop_metrics(tape), config("flipflop", TAPE_PE))
+        for i, (pe, pe_cfg) in enumerate((("fox", {"name": "fox", "fox_gate": "fox"}), ("path", {"name": "path"}))):
+            make_run(runs, "flipflop/cpu", pe, seed, f"20261207-2200{seed:02d}-ffffff-{i}",
+                     flipflop_metrics(50.0 if seed < 2 else 0.0), config("flipflop", pe_cfg))
+    render(runs, tmp_path / "results")
+    claims = rows(tmp_path / "results" / "tables" / "claims_all.csv")
+    assert claims["C3fp"]["n paired seeds (planned)"] == "8 (planned 8)"
+    assert abs(float(claims["C3fp"]["effect Δ [95 % CI]"].split()[1]) + 1.25 * 5.1) < 0.01
+    assert claims["C3fp"]["verdict"].startswith("**better**")
+
+
 def test_a_width_variant_pools_only_into_its_own_arm(tmp_path: Path) -> None:
     """C2w pairs the default TAPE (no width set: 4H) with each PE-MLP width; a width run, newer
     than the default's, never stands in for TAPE's arm in C2w or C2."""
