@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import reproduce
+from pipelines.plan import _override
 from pipelines.reproduce import Launch, commands, execute, pending, plan, summary
 from tape.report.runs import find_runs
 
@@ -728,5 +729,4 @@ def test_pretraining_runs_kept_only_as_records_are_run_again_for_scrolls(tmp_pat
 @pytest.mark.parametrize(("value", "text"), [(None, "null"), (True, "true"), ([1, "a"], "[1,a]"), (4, "4")])
 def test_an_arm_value_reaches_hydra_as_hydra_reads_it(value: object, text: str) -> None:
     """An arm pinning an option to null must launch with `null`: Hydra reads `None` as a string."""
-    from pipelines.plan import _override
     assert _override(value) == text
