@@ -733,6 +733,33 @@ def test_the_forgetting_encodings_claim_reads_seeds_2_to_9_only(tmp_path: Path) 
     assert claims["C3fp"]["verdict"].startswith("**better**")
 
 
+def test_the_parity_forgetting_encodings_claim_reads_seeds_2_to_9_and_drops_invalid_ones(tmp_path: Path) -> None:
+    """C6fp pairs FoX and PaTH with TAPE on parity's standard scratchpad at seeds 2-9: their seeds
+    0-1 (C6's describe arms, here far worse than TAPE) never pool into it, a seed whose FoX run
+    did not learn the training lengths leaves FoX's pair, and no interleaved control is asked."""
+    runs = tmp_path / "runs"
+
+    def parity(pe: str, seed: int, pe_cfg: dict, ood: float, in_dist: float = 99.5) -> None:
+        run_id = {"tape": "aaaaaa", "fox": "bbbbbb", "path": "cccccc"}[pe]  # hex, as run names are
+        make_run(runs, "parity/cpu", pe, seed, f"20261207-2300{seed:02d}-{run_id}-0",
+                 {"task": "parity", "step_accuracy_ood": ood, "step_accuracy_id": in_dist},
+                 {**config("parity", pe_cfg), "task": {"name": "parity", "scratchpad": "standard"}})
+
+    fox = {}
+    for seed in range(10):
+        tape = 55.0 + 0.5 * seed
+        parity("tape", seed, TAPE_PE, tape)
+        fox[seed] = 30.0 if seed < 2 else 70.0 + 0.3 * seed * seed
+        parity("fox", seed, {"name": "fox", "fox_gate": "fox"}, fox[seed], 90.0 if seed == 9 else 99.5)
+        parity("path", seed, {"name": "path"}, 30.0 if seed < 2 else 75.0 + (seed % 3))
+    render(runs, tmp_path / "results")
+    claims = rows(tmp_path / "results" / "tables" / "claims_all.csv")
+    assert claims["C6fp"]["n paired seeds (planned)"] == "7 (planned 8)"  # FoX's seed 9 is invalid
+    expected = np.mean([fox[seed] - (55.0 + 0.5 * seed) for seed in range(2, 9)])
+    assert abs(float(claims["C6fp"]["effect Δ [95 % CI]"].split()[1]) - expected) < 0.01
+    assert claims["C6fp"]["verdict"].startswith("**better**")
+
+
 def test_a_width_variant_pools_only_into_its_own_arm(tmp_path: Path) -> None:
     """C2w pairs the default TAPE (no width set: 4H) with each PE-MLP width; a width run, newer
     than the default's, never stands in for TAPE's arm in C2w or C2."""

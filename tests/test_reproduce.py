@@ -518,6 +518,10 @@ def test_cpu_full_runs_the_claims_plan_then_the_tables(tmp_path: Path) -> None:
     c6 = [s for s in steps if s.name.startswith("C6")]
     assert {s.experiment for s in c6} == {"parity/cpu"} and len(c6) == 14  # 7 arms, each with its control
     assert sum("task.scratchpad=interleaved" in s.overrides for s in c6) == 7
+    by_name = {s.name: s for s in c6}  # C6fp: FoX, PaTH and TAPE at fresh seeds 2-9, no controls there
+    assert by_name["C6+C6fp-fox"].seeds == by_name["C6+C6fp-path"].seeds == by_name["C6+C6fp-tape"].seeds == tuple(range(10))
+    assert by_name["C6-fox-control-scratchpad=interleaved"].seeds == (0, 1)
+    assert by_name["C6-tape-control-scratchpad=interleaved"].seeds == tuple(range(8))
     assert not any(s.name.startswith("C5") for s in plan("cpu", runs_dir=tmp_path / "runs"))  # overnight only
     tables = [s.name for s in steps if not s.match]
     assert tables == ["context_extension", "addition", "pretrain", "scrolls", "benchmark"]
@@ -546,8 +550,9 @@ def test_claims_can_be_chosen_and_an_unknown_id_is_refused(tmp_path: Path) -> No
     assert steps and {s.experiment for s in steps} == {"flipflop/cpu"}
     # a profile with table steps (cpu-full: pretrain, addition, benchmark, ...) runs only the claim
     everything = plan("cpu-full", runs_dir=tmp_path / "runs")
-    assert {s.name for s in everything} > {s.name for s in plan("cpu-full", runs_dir=tmp_path / "runs", only=("C6",))}
-    assert {s.experiment for s in plan("cpu-full", runs_dir=tmp_path / "runs", only=("C6",))} == {"parity/cpu"}
+    only_c6 = plan("cpu-full", runs_dir=tmp_path / "runs", only=("C6",))
+    assert len(everything) > len(only_c6) and all(s.match for s in only_c6)  # no table step
+    assert {s.experiment for s in only_c6} == {"parity/cpu"}
     with pytest.raises(SystemExit, match="--claims C9: unknown"):
         reproduce.main(["--claims", "C9", "--dry-run", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path)])
 
