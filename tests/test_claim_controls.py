@@ -109,6 +109,30 @@ def test_a_missing_control_drops_its_seeds_pair_and_is_told_apart_from_a_failed_
             "1 seed(s) left out, a positive control not run: 5: RoPE at task.scratchpad=mnemonics") in every["verdict"]
 
 
+def test_a_described_arms_seeds_past_its_plan_count_only_with_their_controls(tmp_path: Path) -> None:
+    """A described arm runs at 2 seeds with its controls; its runs at other seeds (made for
+    another claim, without controls) are not told as lost, yet one with its controls is read."""
+    def describe_nope(claim: dict) -> None:
+        claim["describe"] = [["nope", "rope"]]
+
+    raw = yaml.safe_load(write_claims(tmp_path / "claims.yaml", describe_nope).read_text())
+    raw["arms"]["nope"] = {"pe": "nope"}
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump(raw, sort_keys=False))
+    runs = build_runs(tmp_path / "runs")
+    for seed in range(8):  # NoPE's own runs at every seed, its controls at 0, 3 and (one of two) 1
+        parity_run(runs, "nope", seed, "standard", 30.0 + seed)
+        for scratchpad in ("interleaved", "mnemonics"):
+            if seed in (0, 3) or (seed, scratchpad) == (1, "interleaved"):
+                parity_run(runs, "nope", seed, scratchpad, 0.0, 99.0)
+    cfg = load_claims(claims)
+    result = evaluate_claim(cfg.claims[0], cfg, find_runs(runs))
+    seeds = {row[1]: row[2] for row in arm_table_rows(result, cfg)}
+    assert seeds["NoPE"] == "0, 3 (left out: 1 a control not run)"  # 1 is planned; 2, 4-7 are not
+    assert result.comparisons[1].seeds == (0, 3)
+    assert {r.seed for r in result.arm_runs["nope"]} == {0, 1, 3}
+
+
 def test_an_invalid_seed_is_told_as_invalid_not_again_for_its_controls(tmp_path: Path) -> None:
     def valid(claim: dict) -> None:
         claim["valid"] = {"exact_match_id": 95.0}

@@ -90,12 +90,18 @@ def evaluate_claim(claim: Claim, cfg: ClaimsConfig, runs: list[Run]) -> ClaimRes
     for name in claim.arm_names:
         values[name], found = arm_values(runs, cfg.arms[name], claim.experiment, metric, require,
                                          claim.planned_seeds)
+        failed[name], missing[name], control_runs[name] = control_results(claim, cfg.arms[name], runs, require,
+                                                                          set(values[name]))
+        # a seed past the arm's plan (a described arm's run made for another claim) is read only
+        # with its controls: the plan never asked for them, so their absence is not a loss
+        unplanned = set(missing[name]) - set(claim.arm_seeds(name, cfg.describe_seeds))
+        values[name] = {s: v for s, v in values[name].items() if s not in unplanned}
+        missing[name] = {s: why for s, why in missing[name].items() if s not in unplanned}
+        found = [r for r in found if r.seed not in unplanned]
         used += found
         arm_runs[name] = found
         nonfinite[name] = {s for s, v in values[name].items() if not math.isfinite(v)}  # e.g. a diverged run
         invalid[name] = {r.seed for r in found if not is_valid(r, claim.valid, cfg.arms[name])} - nonfinite[name]
-        failed[name], missing[name], control_runs[name] = control_results(claim, cfg.arms[name], runs, require,
-                                                                          set(values[name]))
         used += [r for rs in control_runs[name].values() for r in rs]
     tested = 1 + len(claim.secondary)
     pairs = list(enumerate((claim.primary, *claim.secondary, *claim.describe)))
