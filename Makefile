@@ -40,7 +40,7 @@ bench:  ## Efficiency benchmark (CPU, ~25 min): writes runs/benchmark/cpu/effici
 	nice -n 10 $(BIN)/python -m pipelines.benchmark $(if $(OUT),output_dir=$(abspath $(OUT)))
 .PHONY: bench
 
-reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~29 h with JOBS=2 on 2 cores; --dry-run estimates what is left), tables (the paper's tables at cpu scale, SEEDS="0 1"), cpu-full (both, 8 seeds) or print PROFILE=paper's commands; JOBS=2 runs at once; skips finished runs; then renders results/
+reproduce-table:  ## Run PROFILE=cpu (the paper's claims, paired seeds, ~30 h with JOBS=2 on 2 cores; --dry-run estimates what is left), tables (the paper's tables at cpu scale, SEEDS="0 1"), cpu-full (both, 8 seeds) or print PROFILE=paper's commands; JOBS=2 runs at once; skips finished runs; then renders results/
 	nice -n 10 $(BIN)/python -m pipelines.reproduce --profile $(PROFILE) --jobs $(JOBS) --seeds $(SEEDS) $(if $(CLAIMS),--claims $(CLAIMS))
 
 report:  ## Render results/ from the committed records in results/records (never W&B); your own runs: make report RUNS=runs OUT=runs/report

@@ -760,6 +760,30 @@ def test_the_parity_forgetting_encodings_claim_reads_seeds_2_to_9_and_drops_inva
     assert claims["C6fp"]["verdict"].startswith("**better**")
 
 
+def test_the_baselines_claim_reads_seeds_2_to_9_and_tells_worse_from_better(tmp_path: Path) -> None:
+    """C3bl pairs TAPE with NoPE and ALiBi on seeds 2-9: their seeds 0-1 (C3's describe arms,
+    here the other way round) never pool into it, and TAPE may come out better or worse."""
+    runs = tmp_path / "runs"
+    for seed in range(10):
+        tape = 4.0 + 0.2 * seed  # training-sparsity read error 1.25x this, 5.0-7.25 %
+        make_run(runs, "flipflop/cpu", "tape", seed, f"20261208-0100{seed:02d}-eeeeee-0",
+                 flipflop_metrics(tape), config("flipflop", TAPE_PE))
+        fresh = seed >= 2
+        for i, (pe, error) in enumerate((("nope", 20.0 if fresh else 0.0), ("alibi", 0.0 if fresh else 40.0))):
+            make_run(runs, "flipflop/cpu", pe, seed, f"20261208-0200{seed:02d}-ffffff-{i}",
+                     flipflop_metrics(error), config("flipflop", {"name": pe}))
+    render(runs, tmp_path / "results")
+    with open(tmp_path / "results" / "tables" / "claims_all.csv", newline="") as f:
+        every = list(csv.DictReader(f))
+    first = next(i for i, r in enumerate(every) if r["claim"].startswith("C3bl:"))
+    nope, alibi = every[first], every[first + 1]
+    assert (nope["comparison (Δ = first - second)"], alibi["comparison (Δ = first - second)"]) == ("TAPE - NoPE", "TAPE - ALiBi")
+    assert nope["n paired seeds (planned)"] == alibi["n paired seeds (planned)"] == "8 (planned 8)"
+    assert abs(float(nope["effect Δ [95 % CI]"].split()[1]) - 1.25 * (5.1 - 20.0)) < 0.01
+    assert abs(float(alibi["effect Δ [95 % CI]"].split()[1]) - 1.25 * 5.1) < 0.01
+    assert nope["verdict"].startswith("**better**") and alibi["verdict"].startswith("**worse**")
+
+
 def test_a_width_variant_pools_only_into_its_own_arm(tmp_path: Path) -> None:
     """C2w pairs the default TAPE (no width set: 4H) with each PE-MLP width; a width run, newer
     than the default's, never stands in for TAPE's arm in C2w or C2."""

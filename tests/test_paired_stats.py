@@ -217,7 +217,7 @@ def test_margins_come_from_conf_claims_yaml(tmp_path: Path) -> None:
     assert (cfg.metrics["ood_accuracy"].margin, cfg.metrics["ood_accuracy"].better) == (2.0, "higher")
     dense = cfg.metrics["read_error_ood_dense"]
     assert dense.margin == 1.0 and dense.value({"read_error_dense_2x": 1.0, "read_error_dense_3x": 4.0}) == 2.5
-    assert [c.id for c in cfg.claims] == ["C1", "C1b", "C1y", "C2", "C2e", "C2f", "C2x", "C2u", "C2w", "C2wc", "C3", "C3c", "C3s", "C3d", "C3sc", "C3dc", "C3fp", "C4", "C5", "C5c", "C6", "C6fp", "C7", "C7s", "C7a", "C7as", "C7m", "C7ms", "C7msc", "C7asc", "C1g", "C3g"]
+    assert [c.id for c in cfg.claims] == ["C1", "C1b", "C1y", "C2", "C2e", "C2f", "C2x", "C2u", "C2w", "C2wc", "C3", "C3c", "C3s", "C3d", "C3sc", "C3dc", "C3fp", "C3bl", "C4", "C5", "C5c", "C6", "C6fp", "C7", "C7s", "C7a", "C7as", "C7m", "C7ms", "C7msc", "C7asc", "C1g", "C3g"]
     assert cfg.claims[3].primary == ("tape", "rope")
     raw = yaml.safe_load(Path("conf/claims.yaml").read_text())
     raw["metrics"]["nll_1x"]["margin"] = 5.0

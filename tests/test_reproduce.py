@@ -382,7 +382,9 @@ def test_cpu_profile_runs_every_claim_arm_at_its_planned_seeds(tmp_path: Path) -
     assert by_name["C4-tape_rowsum"].seeds == tuple(range(6))
     compute = by_name["C2-rope_pretrain_compute"]  # only described: describe_seeds
     assert compute.seeds == (0, 1) and compute.tier == 1
-    assert by_name["C3-nope"].seeds == (0, 1) and by_name["C3+C3c+C3s+C3d+C3sc+C3dc+C3fp-tape"].seeds == tuple(range(24))
+    assert by_name["C3+C3c+C3s+C3d+C3sc+C3dc+C3fp+C3bl-tape"].seeds == tuple(range(24))
+    assert by_name["C3+C3bl-nope"].seeds == by_name["C3+C3bl-alibi"].seeds == tuple(range(10))  # C3bl: fresh 2-9
+    assert by_name["C3-fire"].seeds == (0, 1)
     assert by_name["C3+C3fp-fox"].seeds == by_name["C3+C3fp-path"].seeds == tuple(range(10))  # C3fp: fresh 2-9
     assert "trainer.max_steps=550" in compute.overrides and "trainer.max_steps=500" not in compute.overrides
     assert "trainer.max_steps=500" in by_name["C2+C2x+C2u-rope"].overrides
