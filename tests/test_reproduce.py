@@ -471,7 +471,9 @@ def test_claim_runs_start_seed_by_seed_primary_arms_first(tmp_path: Path, monkey
     first = {shlex.join(a) for a in launched[:n_primary]}
     assert any("experiment=addition_c1/cpu pe=rope seed=0 optim.lr=0.0003 trainer.max_steps=2000 "
                "model.abacus=true" in c for c in first)
-    assert not any("pe=nope" in c or "pe=alibi" in c for c in first)  # secondary arms come later
+    later = ("experiment=addition_c1/cpu pe=nope", "pe=fire", "pe=cope")  # C1's secondary arm, C3's described ones
+    assert not any(arm in c for c in first for arm in later)
+    assert any(arm in c for c in launched[n_primary:] for arm in later)
 
 
 def test_one_job_also_runs_claim_arms_seed_by_seed(tmp_path: Path) -> None:
