@@ -361,7 +361,18 @@ ADDITION_SMOKE = ("experiment=addition/smoke", "logger=csv", "callbacks.rich_pro
 SUMMARY_KEYS = ("mean_accuracy", "in_distribution_accuracy", "ood_accuracy")
 
 
-def resume_check(runs_dir: Path, device: str = "cuda", interrupt_at: int = 4) -> dict[str, Any]:
+Command = Callable[[Sequence[str], Path], "subprocess.CompletedProcess[str]"]
+"""Runs a ``python -m`` command line in a folder, its output captured as text (the tests run
+them forked from a warm interpreter, tests/warm_python.py)."""
+
+
+def run_command(argv: Sequence[str], cwd: Path) -> "subprocess.CompletedProcess[str]":
+    """``argv`` in ``cwd`` as a fresh process, its output captured as text."""
+    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd)
+
+
+def resume_check(runs_dir: Path, device: str = "cuda", interrupt_at: int = 4,
+                 run: Command = run_command) -> dict[str, Any]:
     """``experiment=addition/smoke`` through its command lines on ``device``: trained until a
     Ctrl-C at step ``interrupt_at`` (pipelines.callbacks.InterruptAt; the preset checkpoints every
     3 steps, so last.ckpt holds step 3), resumed with ``ckpt_path=last`` to its 6 steps, then
@@ -375,7 +386,7 @@ def resume_check(runs_dir: Path, device: str = "cuda", interrupt_at: int = 4) ->
 
     def leg(name: str, argv: Sequence[str], ok: bool = True) -> None:
         t0 = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        done = run(argv, Path(__file__).resolve().parents[1])
         out[f"{name}_s"] = round(time.perf_counter() - t0, 1)
         if (done.returncode == 0) != ok:
             raise AssertionError(f"{name}: `{shlex.join(argv)}` exited {done.returncode}\n"
@@ -419,7 +430,7 @@ def preset_argv(experiment: str, pe: str, runs_dir: Path, steps: int = TIMED_STE
 
 
 def preset_check(experiment: str, pe: str, runs_dir: Path, steps: int = TIMED_STEPS,
-                 after: int = CLOCK_AFTER) -> dict[str, Any]:
+                 after: int = CLOCK_AFTER, run: Command | None = None) -> dict[str, Any]:
     """A preset trained for ``steps`` steps by its command line: seconds a step once warmed up
     (steps ``after`` .. ``steps``), the run's training and wall time, and its whole run projected:
     the preset's ``trainer.max_steps`` at that pace plus what this run spent otherwise (start-up,
@@ -427,8 +438,8 @@ def preset_check(experiment: str, pe: str, runs_dir: Path, steps: int = TIMED_ST
     from pipelines.presets import preset_setting
 
     began = time.time()
-    done = subprocess.run(preset_argv(experiment, pe, runs_dir, steps, after),
-                          cwd=Path(__file__).resolve().parents[1])
+    argv, root = preset_argv(experiment, pe, runs_dir, steps, after), Path(__file__).resolve().parents[1]
+    done = subprocess.run(argv, cwd=root) if run is None else run(argv, root)  # None: its output streams
     clocks = [c for c in runs_dir.glob(f"{experiment}/{pe}/*/*/step_clock.json") if c.stat().st_mtime >= began]
     if done.returncode or len(clocks) != 1:
         raise AssertionError(f"experiment={experiment} pe={pe}: exited {done.returncode}, step clocks {clocks}")

@@ -506,15 +506,13 @@ def test_smoke_runs_on_two_ddp_processes(tmp_path, data_dir):
     """trainer=ddp on 2 CPU processes (gloo) through the real command line: Lightning relaunches
     it once; rank 0 saves the models and evaluates, both ranks train every stage."""
     import os
-    import subprocess
-    import sys
 
     root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "pipelines.train", "experiment=context_extension/smoke", "logger=csv",
-           "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "extend.recipes=[tape]",
-           f"paths.root_dir={tmp_path}", f"data.data_dir={data_dir}", f"data.vocab_size={VOCAB}"]
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    args = ["experiment=context_extension/smoke", "logger=csv", "trainer=ddp", "trainer.accelerator=cpu",
+            "trainer.devices=2", "extend.recipes=[tape]", f"paths.root_dir={tmp_path}", f"data.data_dir={data_dir}",
+            f"data.vocab_size={VOCAB}"]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}  # rank 0 forked warm, rank 1 fresh
+    out = run_module("pipelines.train", args, root, env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     (run,) = (tmp_path / "runs" / "context_extension" / "smoke" / "llama" / "0").iterdir()
     metrics = json.loads((run / "metrics.json").read_text())

@@ -15,6 +15,13 @@ from pathlib import Path
 import pytest
 
 from pipelines import gpu_check, gpu_page, gpu_targets, gpu_windows
+from warm_python import run_module
+
+
+def warm(argv, cwd: Path):
+    """gpu_check's ``python -m`` command lines forked from a warm interpreter (tests/warm_python.py)."""
+    assert tuple(argv[:2]) == (sys.executable, "-m"), argv
+    return run_module(argv[2], argv[3:], cwd)
 
 
 def test_dry_run_lists_every_check(capsys: pytest.CaptureFixture) -> None:
@@ -471,7 +478,7 @@ def test_only_picks_checks_by_name(capsys: pytest.CaptureFixture) -> None:
 def test_the_resume_check_runs_on_a_cpu(tmp_path: Path) -> None:
     """Its three command lines on the CPU: interrupted at step 4 (last.ckpt at step 3), resumed
     to step 6, then evaluated again; both evaluations of the same weights agree."""
-    out = gpu_check.resume_check(tmp_path / "runs", device="cpu")
+    out = gpu_check.resume_check(tmp_path / "runs", device="cpu", run=warm)
     assert out["checkpoint_step"] == 3 and {"interrupted_s", "resumed_s", "evaluated_s"} <= set(out)
     for key in gpu_check.SUMMARY_KEYS:
         assert out[f"eval_{key}"] == out[f"run_{key}"]
@@ -834,12 +841,12 @@ def test_a_timed_preset_reports_its_warmed_up_pace_and_projects_its_run(tmp_path
     """The timed presets printed nothing but Lightning's summary: their minutes were copied from
     a progress bar by hand, and only RoPE's. Run here on flipflop/smoke (6 steps: the whole
     preset, so the projection is the run itself)."""
-    out = gpu_check.preset_check("flipflop/smoke", "tape", tmp_path, steps=6, after=2)
+    out = gpu_check.preset_check("flipflop/smoke", "tape", tmp_path, steps=6, after=2, run=warm)
     assert out["preset"] == "flipflop/smoke" and out["pe"] == "tape" and out["timed_steps"] == 4
     assert 0 < 4 * out["s_per_step"] <= out["train_time_s"] <= out["wall_time_s"]
     assert out["preset_steps"] == 6 and out["projected_min"] * 60 == pytest.approx(out["wall_time_s"])
     with pytest.raises(AssertionError, match="exited 1"):  # a preset that does not compose
-        gpu_check.preset_check("flipflop/nosuch", "tape", tmp_path, steps=6, after=2)
+        gpu_check.preset_check("flipflop/nosuch", "tape", tmp_path, steps=6, after=2, run=warm)
 
 
 def test_the_page_tables_the_timed_presets_with_tape_over_rope(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -78,12 +79,10 @@ def test_runs_started_together_get_different_dirs(tmp_path: Path) -> None:
     args = ["experiment=addition/smoke", "trainer.max_steps=3", "trainer.val_check_interval=3",
             "evaluate=false", *QUIET]
     env = {**os.environ, "WANDB_MODE": "offline"}
-    cmd = [sys.executable, "-m", "pipelines.train", *args]
-    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
+    with ThreadPoolExecutor(2) as pool:  # two processes at once, each forked warm
+        done = list(pool.map(lambda _: run_module("pipelines.train", args, tmp_path, env), range(2)))
+    for d in done:
+        assert d.returncode == 0, d.stderr[-3000:]
     dirs = runs_of(tmp_path)
     assert len(dirs) == 2 and all((d / "metrics.json").is_file() for d in dirs)
 
