@@ -37,9 +37,9 @@ def status(run: Run, used: dict[int, str], scales: Iterable[str]) -> tuple[str, 
     return "finished", used.get(id(run), "no: superseded by a newer run of this seed and setting")
 
 
-def inventory_csv(runs: list[Run], scales: Iterable[str], runs_root: Path, preset: Preset | None = None) -> str:
-    """One CSV row per run directory (paths relative to the runs folder's parent)."""
-    used = usage(runs, preset)
+def inventory_csv(runs: list[Run], scales: Iterable[str], runs_root: Path, used: dict[int, str]) -> str:
+    """One CSV row per run directory (paths relative to the runs folder's parent); ``used``:
+    ``usage(runs, preset)``."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(FIELDS)
@@ -59,11 +59,10 @@ def _relative(path: Path, base: Path) -> str:
         return path.as_posix()
 
 
-def summary_table(runs: list[Run], scales: Iterable[str], stamp: str, preset: Preset | None = None) -> Table:
+def summary_table(runs: list[Run], scales: Iterable[str], stamp: str, used: dict[int, str]) -> Table:
     """Per experiment: finished / unfinished runs, PEs and total wall time of the runs used
-    (pooled or shown apart: every run whose numbers the report shows)."""
+    (pooled or shown apart: every run whose numbers the report shows); ``used``: ``usage(runs, preset)``."""
     scales = list(scales)
-    used = set(usage(runs, preset))
     per: dict[str, dict] = defaultdict(lambda: {"finished": 0, "unfinished": 0, "pes": set(), "wall": 0.0,
                                                 "scale": ""})
     for r in runs:

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Sequence
 from tape.report import addition, claims, efficiency, extension, flipflop, pretrain, scrolls
 from tape.report.document import Context, Section
 from tape.report.groups import Preset
-from tape.report.inventory import FIELDS, inventory_csv, summary_table
+from tape.report.inventory import FIELDS, inventory_csv, summary_table, usage
 from tape.report.provenance import render_stamp
 from tape.report.runs import Run, find_runs
 from tape.report.tables import to_csv, to_latex, to_markdown
@@ -244,7 +244,8 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
     claims_section = claims.build(ctx)
     sections.insert(0, claims_section)  # issue 15: the Claims section opens the report
     written: list[Path] = []
-    inventory = summary_table(runs, chosen, stamp, preset)
+    used = usage(runs, preset)  # id(run) -> how the tables use it: one grouping for both listings
+    inventory = summary_table(runs, chosen, stamp, used)
     if carried:
         inventory.notes.append("Carried over from the previous render (runs not on this machine): "
                                + ", ".join(c.experiment for c in carried) + ". Their rows stay in "
@@ -256,7 +257,7 @@ def render(runs_dir: str | Path, out_dir: str | Path, scales: Sequence[str] | No
         for stem, text in section.extra_csv.items():
             _write(ctx.tables_dir / f"{stem}.csv", text, written)
         written += [out_dir / f.path for f in section.figures]
-    listed = inventory_csv(runs, chosen, runs_dir, preset)
+    listed = inventory_csv(runs, chosen, runs_dir, used)
     _write(out_dir / "runs.csv", listed + _carried_rows(carried, listed), written)
     command = f"python -m pipelines.report --runs {runs_dir} --out {out_dir}"
     command += "".join(f" --scale {s}" for s in dict.fromkeys(scales or ()))
